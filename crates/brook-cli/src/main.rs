@@ -1,1 +1,64 @@
-fn main() {}
+//! The `brook` command-line tool: a thin layer over brook-core, one file per subcommand.
+//!
+//! Errors from the library arrive typed and are mapped to exit codes here (see [`exit_code`]);
+//! logging goes through `RUST_LOG`.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run huge Mixture-of-Experts models (Qwen3-Next, Qwen3.5/3.6 MoE) with a few GB of RAM.
+#[derive(Debug, Parser)]
+#[command(name = "brook", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    Logits(cmd::logits::Args),
+    Generate(cmd::generate::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Logits(a) => cmd::logits::run(a),
+        Command::Generate(a) => cmd::generate::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(exit_code(&e))
+        }
+    }
+}
+
+/// Exit status by error kind: 2 bad usage or input, 3 bad model files, 4 I/O, 1 anything else.
+fn exit_code(e: &anyhow::Error) -> u8 {
+    use brook_core::Error as E;
+    match e.downcast_ref::<E>() {
+        Some(E::Invalid(_)) => 2,
+        Some(
+            E::Safetensors { .. }
+            | E::Json { .. }
+            | E::Config { .. }
+            | E::UnknownModelType(_)
+            | E::MissingTensor { .. }
+            | E::Shape { .. }
+            | E::Dtype { .. }
+            | E::Quantization { .. }
+            | E::Checkpoint { .. },
+        ) => 3,
+        Some(E::Io { .. }) => 4,
+        None => 1,
+    }
+}

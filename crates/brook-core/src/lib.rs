@@ -1,1 +1,19 @@
-//! brook-core
+//! brook-core: run huge Mixture-of-Experts language models (Qwen3-Next, Qwen3.5/3.6 MoE) from
+//! MLX checkpoints on machines with a few GB of RAM.
+//!
+//! This crate owns the model config, MLX checkpoint reading, the quantized formats and the
+//! forward pass. It depends on no async runtime, HTTP stack, CLI parser or GPU library.
+
+pub mod checkpoint;
+pub mod config;
+pub mod dtype;
+pub mod error;
+pub mod linear;
+pub mod model;
+pub mod quant;
+pub mod safetensors;
+
+pub use checkpoint::{Checkpoint, TensorStore};
+pub use config::ModelConfig;
+pub use error::{Error, Result};
+pub use model::{Logits, Model, Stage};

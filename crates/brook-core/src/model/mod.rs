@@ -1,0 +1,171 @@
+//! The Qwen3-Next / Qwen3.5-MoE model: weights and the f32 reference forward pass.
+//!
+//! A decoder layer is: h' = h + Mixer(RMSNorm(h)); h'' = h' + MoE(RMSNorm(h')), with Mixer a
+//! Gated DeltaNet or gated attention layer (MODEL.md §2.2). The forward pass here is the
+//! oracle every fast path is tested against: plain loops in f32, allocation allowed.
+
+pub mod attention;
+pub mod delta_net;
+pub mod moe;
+pub mod ops;
+pub mod state;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::checkpoint::{Checkpoint, TensorStore};
+use crate::config::ModelConfig;
+use crate::error::{Error, Result};
+use crate::model::delta_net::DeltaMode;
+use crate::model::moe::{ExpertSource, ResidentExperts, Route};
+use crate::model::state::{LayerState, SeqState};
+use crate::model::weights::{DenseWeights, Loader, Mixer};
+
+/// Which logits a forward call returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Logits {
+    /// Every position: [T, V].
+    All,
+    /// The last position only: [V].
+    Last,
+    /// None (prefill whose logits are not needed).
+    None,
+}
+
+/// Intermediate values reported to a trace callback during a forward call.
+#[derive(Debug)]
+pub enum Stage<'a> {
+    /// The embedding output, [T, H].
+    Embed(&'a [f32]),
+    /// Output of decoder layer `i` (after both residual adds), [T, H].
+    Layer(usize, &'a [f32]),
+    /// The routes chosen in layer `i`, one per token.
+    Routes(usize, &'a [Route]),
+    /// After the final norm, [T, H].
+    Norm(&'a [f32]),
+}
+
+/// A loaded model: config, resident dense weights and a source of routed experts.
+#[derive(Debug)]
+pub struct Model {
+    pub cfg: ModelConfig,
+    pub dense: DenseWeights,
+    pub experts: Box<dyn ExpertSource>,
+    pub delta_mode: DeltaMode,
+}
+
+impl Model {
+    /// Loads an MLX checkpoint folder with every expert resident.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let ck = Checkpoint::open(dir)?;
+        let cfg = ck.config.clone();
+        Self::load_resident(&ck, cfg)
+    }
+
+    /// Loads every weight of `store`, experts included, into memory.
+    pub fn load_resident(store: &dyn TensorStore, cfg: ModelConfig) -> Result<Self> {
+        let loader = Loader::new(store, &cfg);
+        let dense = loader.dense()?;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| {
+                (0..cfg.num_experts)
+                    .map(|e| loader.routed_expert(l, e).map(Arc::new))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Model {
+            dense,
+            experts: Box::new(ResidentExperts { layers }),
+            cfg,
+            delta_mode: DeltaMode::Auto,
+        })
+    }
+
+    /// A fresh per-sequence state for this model.
+    pub fn new_state(&self) -> SeqState {
+        SeqState::new(&self.cfg)
+    }
+
+    /// Feeds `tokens` through the model, advancing `state`, and returns the logits asked for.
+    pub fn forward(
+        &self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        mut trace: Option<&mut dyn FnMut(Stage<'_>)>,
+    ) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        if tokens.is_empty() {
+            return Err(Error::Invalid("forward needs at least one token".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
+            return Err(Error::Invalid(format!(
+                "token id {bad} is out of range for a vocabulary of {v}"
+            )));
+        }
+        let t = tokens.len();
+        let mut x = vec![0.0; t * h];
+        for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
+            self.dense.embed_tokens.row(tok as usize, row);
+        }
+        if let Some(f) = trace.as_mut() {
+            f(Stage::Embed(&x));
+        }
+        let mut normed = vec![0.0; t * h];
+        let mut delta = vec![0.0; t * h];
+        for (i, (layer, ls)) in self.dense.layers.iter().zip(&mut state.layers).enumerate() {
+            norm_rows(&x, &layer.input_layernorm, cfg.rms_norm_eps, &mut normed);
+            match (&layer.mixer, ls) {
+                (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => {
+                    delta_net::forward(w, cfg, conv, ssm, &normed, self.delta_mode, &mut delta);
+                }
+                (Mixer::Full(w), LayerState::Full { keys, values }) => {
+                    attention::forward(w, cfg, keys, values, state.pos, &normed, &mut delta);
+                }
+                _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
+            }
+            x.iter_mut().zip(&delta).for_each(|(a, b)| *a += b);
+            norm_rows(
+                &x,
+                &layer.post_attention_layernorm,
+                cfg.rms_norm_eps,
+                &mut normed,
+            );
+            let routes = moe::forward(
+                &layer.mlp,
+                cfg,
+                self.experts.as_ref(),
+                i,
+                &normed,
+                &mut delta,
+            )?;
+            x.iter_mut().zip(&delta).for_each(|(a, b)| *a += b);
+            if let Some(f) = trace.as_mut() {
+                f(Stage::Routes(i, &routes));
+                f(Stage::Layer(i, &x));
+            }
+        }
+        state.pos += t;
+        norm_rows(&x, &self.dense.norm, cfg.rms_norm_eps, &mut normed);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::Norm(&normed));
+        }
+        let rows = match want {
+            Logits::All => &normed[..],
+            Logits::Last => &normed[(t - 1) * h..],
+            Logits::None => return Ok(Vec::new()),
+        };
+        let mut logits = vec![0.0; rows.len() / h * v];
+        self.dense.lm_head.forward_rows(rows, &mut logits);
+        Ok(logits)
+    }
+}
+
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        ops::rms_norm(xr, w, eps, or);
+    }
+}

@@ -1,0 +1,107 @@
+//! The sparse MoE block: router softmax, top-k, renormalised weights, routed SwiGLU experts
+//! and the sigmoid-gated shared expert.
+//!
+//! Mirrors mlx-lm `qwen3_next.Qwen3NextSparseMoeBlock`. Routed experts come from an
+//! [`ExpertSource`], so the same code runs with every expert resident or streamed through a
+//! cache. All tokens of a call are routed first and each needed expert is fetched once for
+//! the whole call.
+
+use std::sync::Arc;
+
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::model::ops::{sigmoid, silu, softmax};
+use crate::model::weights::{Expert, MoeWeights};
+
+/// Where routed experts come from.
+pub trait ExpertSource: Send + Sync + std::fmt::Debug {
+    /// The experts `ids` of `layer`, in the order asked.
+    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>>;
+}
+
+/// Every routed expert held in memory: `[layer][expert]`.
+#[derive(Debug, Default)]
+pub struct ResidentExperts {
+    pub layers: Vec<Vec<Arc<Expert>>>,
+}
+
+impl ExpertSource for ResidentExperts {
+    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>> {
+        Ok(ids.iter().map(|&e| self.layers[layer][e].clone()).collect())
+    }
+}
+
+/// The experts chosen for one token and their weights.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    pub experts: Vec<usize>,
+    pub weights: Vec<f32>,
+}
+
+/// Routes one token: softmax over all experts, top-k, renormalised if the config says so.
+pub fn route(w: &MoeWeights, cfg: &ModelConfig, x: &[f32]) -> Route {
+    let mut p = vec![0.0; cfg.num_experts];
+    w.gate.forward(x, &mut p);
+    softmax(&mut p);
+    let mut order: Vec<usize> = (0..p.len()).collect();
+    // Highest probability first; equal probabilities keep the lower index first.
+    order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+    order.truncate(cfg.num_experts_per_tok);
+    let mut weights: Vec<f32> = order.iter().map(|&e| p[e]).collect();
+    if cfg.norm_topk_prob {
+        let sum: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|v| *v /= sum);
+    }
+    Route {
+        experts: order,
+        weights,
+    }
+}
+
+/// y[H] = down(silu(gate x) ⊙ up x).
+pub fn swiglu(e: &Expert, x: &[f32], y: &mut [f32]) {
+    let width = e.gate_proj.out_features;
+    let mut g = vec![0.0; width];
+    let mut u = vec![0.0; width];
+    e.gate_proj.forward(x, &mut g);
+    e.up_proj.forward(x, &mut u);
+    for (gi, ui) in g.iter_mut().zip(&u) {
+        *gi = silu(*gi) * ui;
+    }
+    e.down_proj.forward(&g, y);
+}
+
+/// Runs the MoE block of `layer` on x[T, H], writing out[T, H]; returns each token's route.
+pub fn forward(
+    w: &MoeWeights,
+    cfg: &ModelConfig,
+    experts: &dyn ExpertSource,
+    layer: usize,
+    x: &[f32],
+    out: &mut [f32],
+) -> Result<Vec<Route>> {
+    let h = cfg.hidden_size;
+    let routes: Vec<Route> = x.chunks_exact(h).map(|xt| route(w, cfg, xt)).collect();
+    let mut needed: Vec<usize> = routes
+        .iter()
+        .flat_map(|r| r.experts.iter().copied())
+        .collect();
+    needed.sort_unstable();
+    needed.dedup();
+    let fetched = experts.fetch(layer, &needed)?;
+    let mut y = vec![0.0; h];
+    let mut g = [0.0f32];
+    for ((xt, ot), r) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)).zip(&routes) {
+        ot.iter_mut().for_each(|v| *v = 0.0);
+        for (&e, &we) in r.experts.iter().zip(&r.weights) {
+            let idx = needed.binary_search(&e).unwrap_or_default();
+            swiglu(&fetched[idx], xt, &mut y);
+            ot.iter_mut().zip(&y).for_each(|(o, v)| *o += we * v);
+        }
+        swiglu(&w.shared_expert, xt, &mut y);
+        w.shared_expert_gate.forward(xt, &mut g);
+        let gs = sigmoid(g[0]);
+        ot.iter_mut().zip(&y).for_each(|(o, v)| *o += gs * v);
+    }
+    Ok(routes)
+}
