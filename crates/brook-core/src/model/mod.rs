@@ -70,7 +70,11 @@ impl Model {
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
                 (0..cfg.num_experts)
-                    .map(|e| loader.routed_expert(l, e).map(Arc::new))
+                    .map(|e| {
+                        loader
+                            .routed_expert(l, e)
+                            .map(|x| Arc::new(x) as moe::ExpertHandle)
+                    })
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;

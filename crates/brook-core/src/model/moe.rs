@@ -9,25 +9,60 @@
 use std::sync::Arc;
 
 use crate::config::ModelConfig;
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::linear::LinearRef;
 use crate::model::ops::{sigmoid, silu, softmax};
 use crate::model::weights::{Expert, MoeWeights};
+
+/// Borrowed weights of one SwiGLU expert.
+#[derive(Debug, Clone, Copy)]
+pub struct ExpertView<'a> {
+    pub gate_proj: LinearRef<'a>, // [I, H]
+    pub up_proj: LinearRef<'a>,   // [I, H]
+    pub down_proj: LinearRef<'a>, // [H, I]
+}
+
+/// Anything holding one expert's weights: an owned [`Expert`] or a cache slot.
+pub trait ExpertData: Send + Sync + std::fmt::Debug {
+    fn view(&self) -> ExpertView<'_>;
+}
+
+impl ExpertData for Expert {
+    fn view(&self) -> ExpertView<'_> {
+        ExpertView {
+            gate_proj: self.gate_proj.view(),
+            up_proj: self.up_proj.view(),
+            down_proj: self.down_proj.view(),
+        }
+    }
+}
+
+/// A fetched expert, kept alive (and, in a cache, pinned) while it is held.
+pub type ExpertHandle = Arc<dyn ExpertData>;
 
 /// Where routed experts come from.
 pub trait ExpertSource: Send + Sync + std::fmt::Debug {
     /// The experts `ids` of `layer`, in the order asked.
-    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>>;
+    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>>;
 }
 
 /// Every routed expert held in memory: `[layer][expert]`.
 #[derive(Debug, Default)]
 pub struct ResidentExperts {
-    pub layers: Vec<Vec<Arc<Expert>>>,
+    pub layers: Vec<Vec<ExpertHandle>>,
 }
 
 impl ExpertSource for ResidentExperts {
-    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Expert>>> {
-        Ok(ids.iter().map(|&e| self.layers[layer][e].clone()).collect())
+    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
+        ids.iter()
+            .map(|&e| {
+                self.layers
+                    .get(layer)
+                    .and_then(|l| l.get(e))
+                    .cloned()
+                    .ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))
+            })
+            .collect()
     }
 }
 
@@ -59,7 +94,7 @@ pub fn route(w: &MoeWeights, cfg: &ModelConfig, x: &[f32]) -> Route {
 }
 
 /// y[H] = down(silu(gate x) ⊙ up x).
-pub fn swiglu(e: &Expert, x: &[f32], y: &mut [f32]) {
+pub fn swiglu(e: ExpertView<'_>, x: &[f32], y: &mut [f32]) {
     let width = e.gate_proj.out_features;
     let mut g = vec![0.0; width];
     let mut u = vec![0.0; width];
@@ -95,10 +130,10 @@ pub fn forward(
         ot.iter_mut().for_each(|v| *v = 0.0);
         for (&e, &we) in r.experts.iter().zip(&r.weights) {
             let idx = needed.binary_search(&e).unwrap_or_default();
-            swiglu(&fetched[idx], xt, &mut y);
+            swiglu(fetched[idx].view(), xt, &mut y);
             ot.iter_mut().zip(&y).for_each(|(o, v)| *o += we * v);
         }
-        swiglu(&w.shared_expert, xt, &mut y);
+        swiglu(w.shared_expert.view(), xt, &mut y);
         w.shared_expert_gate.forward(xt, &mut g);
         let gs = sigmoid(g[0]);
         ot.iter_mut().zip(&y).for_each(|(o, v)| *o += gs * v);

@@ -292,12 +292,13 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
             if winfo.shape != shape(inp) {
                 return Err(shape_err(&wname, &shape(inp), &winfo.shape));
             }
-            let mut w = Vec::with_capacity(out * inp);
-            dtype::floats_to_f32(winfo.dtype, &read(&wname, winfo)?, &mut w);
             return Ok(vec![Linear {
                 out_features: out,
                 in_features: inp,
-                weights: Weights::Float(w),
+                weights: Weights::Float {
+                    dtype: winfo.dtype,
+                    data: read(&wname, winfo)?,
+                },
             }]);
         }
         if winfo.dtype != DType::U32 {
@@ -330,22 +331,22 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
             });
         }
         let groups = inp / spec.group_size;
+        let mut float = None;
         let mut sb = Vec::new();
         for name in [sname, format!("{path}.biases")] {
             let info = self.store.require(&name)?;
-            if !info.dtype.is_float() {
+            if !info.dtype.is_float() || float.is_some_and(|f| f != info.dtype) {
                 return Err(Error::Dtype {
                     name,
-                    expected: "a float type".into(),
+                    expected: "a float type, the same for scales and biases".into(),
                     got: info.dtype.to_string(),
                 });
             }
+            float = Some(info.dtype);
             if info.shape != shape(groups) {
                 return Err(shape_err(&name, &shape(groups), &info.shape));
             }
-            let mut v = Vec::with_capacity(out * groups);
-            dtype::floats_to_f32(info.dtype, &read(&name, info)?, &mut v);
-            sb.push(v);
+            sb.push(read(&name, info)?);
         }
         let biases = sb.pop().unwrap_or_default();
         let scales = sb.pop().unwrap_or_default();
@@ -354,7 +355,8 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
             in_features: inp,
             weights: Weights::Affine {
                 spec,
-                packed: dtype::bytes_to_u32(&read(&wname, winfo)?),
+                float: float.unwrap_or(DType::F32),
+                packed: read(&wname, winfo)?,
                 scales,
                 biases,
             },
