@@ -3,7 +3,8 @@
 pub mod generate;
 pub mod logits;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
+use brook_core::Error;
 
 /// Parses a comma-separated list of token ids such as `1,2,3`.
 pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
@@ -11,17 +12,17 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
         .map(str::trim)
         .filter(|t| !t.is_empty())
         .map(|t| {
-            t.parse::<u32>()
-                .with_context(|| format!("`{t}` is not a token id (expected e.g. 1,2,3)"))
+            t.parse::<u32>().map_err(|_| {
+                Error::Invalid(format!("`{t}` is not a token id (expected e.g. 1,2,3)"))
+            })
         })
-        .collect::<Result<Vec<_>>>()
+        .collect::<Result<Vec<_>, Error>>()
         .and_then(|v| {
             if v.is_empty() {
-                Err(anyhow::Error::new(brook_core::Error::Invalid(
-                    "no token ids given".into(),
-                )))
+                Err(Error::Invalid("no token ids given".into()))
             } else {
                 Ok(v)
             }
         })
+        .map_err(Into::into)
 }

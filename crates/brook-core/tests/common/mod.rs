@@ -81,3 +81,5 @@ pub fn argmax(v: &[f32]) -> u32 {
     }
     best as u32
 }
+#[path = "rewrite.rs"]
+pub mod rewrite;
