@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     Logits(cmd::logits::Args),
     Generate(cmd::generate::Args),
+    Repack(cmd::repack::Args),
+    Verify(cmd::verify::Args),
 }
 
 fn main() -> ExitCode {
@@ -32,6 +34,8 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Logits(a) => cmd::logits::run(a),
         Command::Generate(a) => cmd::generate::run(a),
+        Command::Repack(a) => cmd::repack::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -22,6 +22,8 @@ pub trait TensorStore {
     fn info(&self, name: &str) -> Option<&TensorInfo>;
     /// Reads `len` bytes of tensor `name` starting `offset` bytes into it.
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+    /// Canonical names of every tensor served, sorted.
+    fn names(&self) -> Vec<String>;
     /// Reads all bytes of tensor `name`.
     fn read(&self, name: &str) -> Result<Vec<u8>> {
         let len = self.require(name)?.len;
@@ -140,6 +142,10 @@ impl Checkpoint {
 impl TensorStore for Checkpoint {
     fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.index.keys().cloned().collect()
     }
 
     fn info(&self, name: &str) -> Option<&TensorInfo> {

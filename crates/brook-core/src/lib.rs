@@ -4,8 +4,10 @@
 //! This crate owns the model config, MLX checkpoint reading, the quantized formats and the
 //! forward pass. It depends on no async runtime, HTTP stack, CLI parser or GPU library.
 
+pub mod aligned;
 pub mod checkpoint;
 pub mod config;
+pub mod container;
 pub mod dtype;
 pub mod error;
 pub mod linear;

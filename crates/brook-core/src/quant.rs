@@ -7,6 +7,7 @@
 //! (`quantize`, `dequantize`); checked against `mx.quantize` output in the fixtures.
 
 use crate::config::QuantSpec;
+use crate::error::{Error, Result};
 
 /// Bit widths MLX writes.
 pub const SUPPORTED_BITS: [u32; 6] = [2, 3, 4, 5, 6, 8];
@@ -108,6 +109,44 @@ pub fn quantize_row(w: &[f32], spec: QuantSpec) -> (Vec<u32>, Vec<f32>, Vec<f32>
         biases.push(bias);
     }
     (packed, scales, biases)
+}
+
+/// The (bits, group size) of a quantized weight, from its packed and scales shapes, as mlx-lm
+/// does for modules without a `quantization` entry: group = in / scales columns,
+/// bits = packed columns · 32 / in.
+pub fn spec_from_shapes(
+    name: &str,
+    packed: &[usize],
+    scales: &[usize],
+    lead: usize,
+    inp: usize,
+) -> Result<QuantSpec> {
+    let bad = |reason: String| Error::Quantization {
+        name: name.to_string(),
+        reason,
+    };
+    let (Some(&wcols), Some(&groups)) = (packed.last(), scales.last()) else {
+        return Err(bad("packed weight or scales have no dimensions".into()));
+    };
+    if packed.len() != lead + 2 || scales.len() != lead + 2 {
+        return Err(bad(format!(
+            "packed weight {packed:?} and scales {scales:?} should have {} dimensions",
+            lead + 2
+        )));
+    }
+    if groups == 0 || inp % groups != 0 || (wcols * 32) % inp != 0 {
+        return Err(bad(format!(
+            "packed weight {packed:?} with scales {scales:?} cannot hold rows of {inp} elements"
+        )));
+    }
+    let spec = QuantSpec {
+        bits: (wcols * 32 / inp) as u32,
+        group_size: inp / groups,
+    };
+    match spec_problem(spec, inp) {
+        Some(reason) => Err(bad(reason)),
+        None => Ok(spec),
+    }
 }
 
 #[cfg(test)]

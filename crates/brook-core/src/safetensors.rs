@@ -47,6 +47,8 @@ pub struct SafeFile {
     pub tensors: BTreeMap<String, TensorInfo>,
     /// The `__metadata__` string map.
     pub metadata: BTreeMap<String, String>,
+    /// Bytes before the data section: the 8-byte length plus the JSON header.
+    pub header_len: u64,
 }
 
 impl SafeFile {
@@ -109,7 +111,24 @@ impl SafeFile {
             file,
             tensors,
             metadata,
+            header_len: data_start,
         })
+    }
+
+    /// The raw header bytes (length prefix and JSON), e.g. to fingerprint the file.
+    pub fn header_bytes(&self) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; self.header_len as usize];
+        self.read_into(0, &mut buf)?;
+        Ok(buf)
+    }
+
+    /// The file's length in bytes.
+    pub fn file_len(&self) -> Result<u64> {
+        Ok(self
+            .file
+            .metadata()
+            .map_err(|e| Error::io(&self.path, e))?
+            .len())
     }
 
     /// The file's path.
@@ -198,6 +217,50 @@ pub struct TensorOut<'a> {
     pub data: &'a [u8],
 }
 
+/// The name, dtype and shape of a tensor to be written; its bytes follow in name order.
+#[derive(Debug, Clone)]
+pub struct TensorSpec {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+}
+
+/// The bytes that open a safetensors file holding `specs` (sorted by name by this function):
+/// the 8-byte header length and the JSON header, space-padded so data starts 8-aligned.
+/// Returns the prefix and the specs in the order their data must follow.
+pub fn header_prefix(
+    specs: &[TensorSpec],
+    metadata: &BTreeMap<String, String>,
+) -> Result<(Vec<u8>, Vec<TensorSpec>)> {
+    let mut sorted = specs.to_vec();
+    sorted.sort_by(|a, b| a.name.cmp(&b.name));
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let m = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), Value::String(v.clone())))
+            .collect();
+        header.insert("__metadata__".into(), Value::Object(m));
+    }
+    let mut offset = 0u64;
+    for t in &sorted {
+        let end = offset + (t.shape.iter().product::<usize>() * t.dtype.size()) as u64;
+        header.insert(
+            t.name.clone(),
+            serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}),
+        );
+        offset = end;
+    }
+    let mut json = serde_json::to_vec(&Value::Object(header))
+        .map_err(|e| Error::Invalid(format!("cannot encode header: {e}")))?;
+    while (8 + json.len()) % 8 != 0 {
+        json.push(b' ');
+    }
+    let mut out = (json.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&json);
+    Ok((out, sorted))
+}
+
 /// Writes tensors to `path` atomically (a temporary file renamed into place).
 ///
 /// Tensors are stored sorted by name, with `metadata` as the `__metadata__` map.
@@ -206,17 +269,15 @@ pub fn write(
     tensors: &[TensorOut<'_>],
     metadata: &BTreeMap<String, String>,
 ) -> Result<()> {
-    let mut sorted: Vec<&TensorOut<'_>> = tensors.iter().collect();
-    sorted.sort_by(|a, b| a.name.cmp(&b.name));
-    let mut header = serde_json::Map::new();
-    if !metadata.is_empty() {
-        header.insert(
-            "__metadata__".into(),
-            serde_json::to_value(metadata).unwrap_or_default(),
-        );
-    }
-    let mut offset = 0u64;
-    for t in &sorted {
+    let specs: Vec<TensorSpec> = tensors
+        .iter()
+        .map(|t| TensorSpec {
+            name: t.name.clone(),
+            dtype: t.dtype,
+            shape: t.shape.clone(),
+        })
+        .collect();
+    for t in tensors {
         let want = t.shape.iter().product::<usize>() * t.dtype.size();
         if want != t.data.len() {
             return Err(Error::Invalid(format!(
@@ -227,27 +288,19 @@ pub fn write(
                 t.shape
             )));
         }
-        let end = offset + t.data.len() as u64;
-        header.insert(
-            t.name.clone(),
-            serde_json::json!({"dtype": t.dtype.name(), "shape": t.shape, "data_offsets": [offset, end]}),
-        );
-        offset = end;
     }
-    let mut header = serde_json::to_vec(&Value::Object(header))
-        .map_err(|e| Error::Invalid(format!("cannot encode header: {e}")))?;
-    // Pad with spaces so the data section starts 8-byte aligned, as the reference writer does.
-    while (8 + header.len()) % 8 != 0 {
-        header.push(b' ');
-    }
+    let (prefix, order) = header_prefix(&specs, metadata)?;
     let tmp = path.with_extension("safetensors.partial");
     let io = |e| Error::io(&tmp, e);
     let mut f = std::io::BufWriter::new(File::create(&tmp).map_err(io)?);
-    f.write_all(&(header.len() as u64).to_le_bytes())
-        .map_err(io)?;
-    f.write_all(&header).map_err(io)?;
-    for t in &sorted {
-        f.write_all(t.data).map_err(io)?;
+    f.write_all(&prefix).map_err(io)?;
+    for spec in &order {
+        let t = tensors
+            .iter()
+            .find(|t| t.name == spec.name)
+            .map(|t| t.data)
+            .unwrap_or_default();
+        f.write_all(t).map_err(io)?;
     }
     let f = f.into_inner().map_err(|e| io(e.into_error()))?;
     f.sync_all().map_err(io)?;

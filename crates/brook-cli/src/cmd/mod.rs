@@ -2,6 +2,8 @@
 
 pub mod generate;
 pub mod logits;
+pub mod repack;
+pub mod verify;
 
 use anyhow::Result;
 use brook_core::Error;
@@ -25,4 +27,20 @@ pub fn parse_tokens(s: &str) -> Result<Vec<u32>> {
             }
         })
         .map_err(Into::into)
+}
+
+/// A progress bar over bytes with rate and ETA, hidden when stderr is not a terminal.
+pub fn byte_bar(total: u64, what: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(
+        Some(total),
+        indicatif::ProgressDrawTarget::stderr_with_hz(4),
+    );
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg:10} [{bar:30}] {bytes}/{total_bytes} {binary_bytes_per_sec} ETA {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
 }

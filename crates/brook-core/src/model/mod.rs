@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use crate::checkpoint::{Checkpoint, TensorStore};
 use crate::config::ModelConfig;
+use crate::container::{self, Container};
 use crate::error::{Error, Result};
 use crate::model::delta_net::DeltaMode;
 use crate::model::moe::{ExpertSource, ResidentExperts, Route};
@@ -56,8 +57,28 @@ pub struct Model {
 }
 
 impl Model {
-    /// Loads an MLX checkpoint folder with every expert resident.
+    /// Loads a container or an MLX checkpoint folder with every expert resident.
     pub fn open(dir: &Path) -> Result<Self> {
+        if container::is_container(dir) {
+            let c = Container::open(dir)?;
+            let dense = Loader::new(&c, &c.config).dense()?;
+            let layers = (0..c.config.num_hidden_layers)
+                .map(|l| {
+                    (0..c.config.num_experts)
+                        .map(|e| {
+                            c.read_expert(l, e)
+                                .map(|b| Arc::new(b) as moe::ExpertHandle)
+                        })
+                        .collect::<Result<Vec<_>>>()
+                })
+                .collect::<Result<Vec<_>>>()?;
+            return Ok(Model {
+                dense,
+                experts: Box::new(ResidentExperts { layers }),
+                cfg: c.config,
+                delta_mode: DeltaMode::Auto,
+            });
+        }
         let ck = Checkpoint::open(dir)?;
         let cfg = ck.config.clone();
         Self::load_resident(&ck, cfg)

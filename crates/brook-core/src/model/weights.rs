@@ -7,7 +7,7 @@
 //! tensor.
 
 use crate::checkpoint::TensorStore;
-use crate::config::{Arch, LayerKind, ModelConfig, QuantSpec};
+use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::dtype::{self, DType};
 use crate::error::{Error, Result};
 use crate::linear::{Linear, Weights};
@@ -309,7 +309,7 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
             });
         }
         let sinfo = self.store.require(&sname)?;
-        let spec = spec_from_shapes(&wname, &winfo.shape, &sinfo.shape, lead.len(), inp)?;
+        let spec = quant::spec_from_shapes(&wname, &winfo.shape, &sinfo.shape, lead.len(), inp)?;
         if let Some(Some(cfg_spec)) = self.cfg.quantization.overrides.get(path) {
             if *cfg_spec != spec {
                 return Err(Error::Quantization {
@@ -361,44 +361,6 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
                 biases,
             },
         }])
-    }
-}
-
-/// The (bits, group size) of a quantized weight, from its packed and scales shapes, as mlx-lm
-/// does for modules without a `quantization` entry: group = in / scales columns,
-/// bits = packed columns · 32 / in.
-fn spec_from_shapes(
-    name: &str,
-    packed: &[usize],
-    scales: &[usize],
-    lead: usize,
-    inp: usize,
-) -> Result<QuantSpec> {
-    let bad = |reason: String| Error::Quantization {
-        name: name.to_string(),
-        reason,
-    };
-    let (Some(&wcols), Some(&groups)) = (packed.last(), scales.last()) else {
-        return Err(bad("packed weight or scales have no dimensions".into()));
-    };
-    if packed.len() != lead + 2 || scales.len() != lead + 2 {
-        return Err(bad(format!(
-            "packed weight {packed:?} and scales {scales:?} should have {} dimensions",
-            lead + 2
-        )));
-    }
-    if groups == 0 || inp % groups != 0 || (wcols * 32) % inp != 0 {
-        return Err(bad(format!(
-            "packed weight {packed:?} with scales {scales:?} cannot hold rows of {inp} elements"
-        )));
-    }
-    let spec = QuantSpec {
-        bits: (wcols * 32 / inp) as u32,
-        group_size: inp / groups,
-    };
-    match quant::spec_problem(spec, inp) {
-        Some(reason) => Err(bad(reason)),
-        None => Ok(spec),
     }
 }
 

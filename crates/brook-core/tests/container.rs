@@ -1,0 +1,248 @@
+//! The expert container: round trips, corruption detection and resumable repack.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use brook_core::checkpoint::TensorStore;
+use brook_core::container::repack::{RepackSource, repack};
+use brook_core::container::verify::verify;
+use brook_core::container::{Container, layer_file};
+use brook_core::{Checkpoint, Error, Logits, Model};
+use common::{MODELS, Reference, fixture};
+
+fn repack_to(name: &str, out: &Path) {
+    let ck = Checkpoint::open(&fixture(name)).expect("open");
+    let src = RepackSource::from_checkpoint(&ck).expect("source");
+    repack(&src, out, &mut |_| {}).expect("repack");
+}
+
+fn logits(dir: &Path, tokens: &[u32]) -> Vec<f32> {
+    let m = Model::open(dir).expect("open");
+    m.forward(&mut m.new_state(), tokens, Logits::All, None)
+        .expect("forward")
+}
+
+fn verify_dir(dir: &Path, source: Option<&str>) -> brook_core::container::verify::VerifyReport {
+    let c = Container::open(dir).expect("open container");
+    let src = source.map(|s| Checkpoint::open(&fixture(s)).expect("source"));
+    verify(
+        &c,
+        src.as_ref().map(|s| s as &dyn TensorStore),
+        &mut |_, _| {},
+    )
+    .expect("verify")
+}
+
+/// Every file under `dir`, relative path → bytes.
+fn snapshot(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("ls") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                out.push((
+                    p.strip_prefix(dir).expect("rel").to_path_buf(),
+                    std::fs::read(&p).expect("read"),
+                ));
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+#[test]
+fn container_logits_equal_checkpoint_logits_on_every_fixture() {
+    for name in MODELS {
+        let dir = tempfile::tempdir().expect("tmp");
+        let out = dir.path().join("c");
+        repack_to(name, &out);
+        let tokens = Reference::open(name).ids("tokens");
+        assert_eq!(
+            logits(&out, &tokens),
+            logits(&fixture(name), &tokens),
+            "{name}"
+        );
+        let report = verify_dir(&out, Some(name));
+        assert!(report.ok(), "{name}: {:?}", report.mismatches);
+        assert_eq!(report.experts_checked, 4 * 8);
+        assert!(out.join("config.json").is_file() && out.join("generation_config.json").is_file());
+    }
+}
+
+#[test]
+fn layer_files_have_a_16k_stride_and_exact_size() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("c");
+    repack_to("qwen35-mixed", &out);
+    let c = Container::open(&out).expect("open");
+    for (l, info) in c.manifest.experts.layers.iter().enumerate() {
+        assert_eq!(info.stride % 16384, 0);
+        assert!(info.stride >= info.blob_size);
+        let len = std::fs::metadata(out.join(layer_file(l)))
+            .expect("meta")
+            .len();
+        assert_eq!(len, info.stride * 8);
+    }
+}
+
+#[test]
+fn a_flipped_byte_anywhere_in_an_expert_is_reported() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("c");
+    repack_to("next-mixed", &out);
+    let c = Container::open(&out).expect("open");
+    let layers = c.manifest.experts.layers.clone();
+    drop(c);
+    // Positions: first byte, a byte in every section, the last blob byte, and padding.
+    for (l, e) in [(0usize, 0usize), (1, 7), (3, 4)] {
+        let info = &layers[l];
+        let mut spots: Vec<u64> = info
+            .sections
+            .iter()
+            .map(|s| s.offset + s.size / 2)
+            .collect();
+        spots.extend([0, info.blob_size - 1, info.stride - 1]);
+        for at in spots {
+            let path = out.join(&info.file);
+            let mut bytes = std::fs::read(&path).expect("read");
+            let pos = (e as u64 * info.stride + at) as usize;
+            bytes[pos] ^= 0x10;
+            std::fs::write(&path, &bytes).expect("write");
+            let r = verify_dir(&out, None);
+            let first = r.mismatches.first().expect("must be reported");
+            assert_eq!(first.expert, Some((l, e)), "byte {at}: {first}");
+            bytes[pos] ^= 0x10;
+            std::fs::write(&path, &bytes).expect("restore");
+        }
+    }
+    assert!(verify_dir(&out, Some("next-mixed")).ok());
+}
+
+#[test]
+fn verify_with_source_catches_a_container_of_another_checkpoint() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("c");
+    repack_to("next-q4", &out);
+    // Same architecture and shapes, different weights.
+    let r = verify_dir(&out, Some("next-f32"));
+    assert!(!r.ok());
+}
+
+#[test]
+fn truncated_layer_file_and_corrupt_manifest_fail_at_open() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let out = dir.path().join("c");
+    repack_to("qwen35-q4", &out);
+    let layer = out.join(layer_file(2));
+    let full = std::fs::metadata(&layer).expect("meta").len();
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&layer)
+        .expect("open");
+    f.set_len(full - 4096).expect("truncate");
+    match Container::open(&out) {
+        Err(Error::Checkpoint { path, reason }) => {
+            assert_eq!(path, layer);
+            assert!(reason.contains("truncated"), "{reason}");
+        }
+        other => panic!("expected a truncation error, got {other:?}"),
+    }
+    assert!(Model::open(&out).is_err());
+    f.set_len(full).expect("restore");
+    let manifest = out.join("manifest.json");
+    let good = std::fs::read(&manifest).expect("read");
+    for bad in [
+        &good[..good.len() / 2],
+        b"{}".as_slice(),
+        b"\x00\x01garbage".as_slice(),
+    ] {
+        std::fs::write(&manifest, bad).expect("write");
+        match Container::open(&out) {
+            Err(Error::Json { path, reason }) => {
+                assert_eq!(path, manifest);
+                assert!(reason.contains("repack"), "{reason}");
+            }
+            other => panic!("expected a manifest error, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn repack_killed_at_any_point_resumes_to_an_identical_container() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let whole = dir.path().join("whole");
+    repack_to("next-mixed", &whole);
+    let want = snapshot(&whole);
+    let ck = Checkpoint::open(&fixture("next-mixed")).expect("open");
+    let src = RepackSource::from_checkpoint(&ck).expect("source");
+    // Progress is reported after every dense tensor chunk and every expert (4 layers × 8).
+    let mut total_calls = 0;
+    repack(&src, &dir.path().join("count"), &mut |_| total_calls += 1).expect("repack");
+    let dense_calls = total_calls - 32;
+    let points = [
+        1,
+        dense_calls / 2,
+        dense_calls,
+        dense_calls + 1,
+        dense_calls + 4,
+        dense_calls + 12,
+        dense_calls + 19,
+        total_calls - 1,
+    ];
+    for kill_after in points {
+        let out = dir.path().join(format!("killed-{kill_after}"));
+        let mut calls = 0;
+        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            repack(&src, &out, &mut |_| {
+                calls += 1;
+                if calls == kill_after {
+                    panic!("simulated kill");
+                }
+            })
+        }));
+        assert!(died.is_err(), "kill point {kill_after} not reached");
+        assert!(!out.join("manifest.json").exists());
+        assert!(
+            Container::open(&out).is_err(),
+            "an unfinished repack is not a container"
+        );
+        let mut resumed = 0;
+        repack(&src, &out, &mut |p| resumed = p.bytes_resumed).expect("resume");
+        assert_eq!(snapshot(&out), want, "kill point {kill_after}");
+        if kill_after > dense_calls {
+            assert!(resumed > 0, "finished layers must not be redone");
+        }
+    }
+}
+
+#[test]
+fn repack_refuses_foreign_folders() {
+    let dir = tempfile::tempdir().expect("tmp");
+    std::fs::write(dir.path().join("notes.txt"), "mine").expect("write");
+    let ck = Checkpoint::open(&fixture("next-q4")).expect("open");
+    let src = RepackSource::from_checkpoint(&ck).expect("source");
+    let e = repack(&src, dir.path(), &mut |_| {}).expect_err("refused");
+    assert!(e.to_string().contains("not empty"), "{e}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("notes.txt")).expect("kept"),
+        "mine"
+    );
+    // A finished container is not overwritten either.
+    let out = dir.path().join("c");
+    repack(&src, &out, &mut |_| {}).expect("repack");
+    assert!(repack(&src, &out, &mut |_| {}).is_err());
+    // Nor is the unfinished output of another checkpoint.
+    let other = Checkpoint::open(&fixture("next-q8")).expect("open");
+    let other_src = RepackSource::from_checkpoint(&other).expect("source");
+    let part = dir.path().join("part");
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        repack(&other_src, &part, &mut |_| panic!("stop"))
+    }));
+    let e = repack(&src, &part, &mut |_| {}).expect_err("refused");
+    assert!(e.to_string().contains("different checkpoint"), "{e}");
+}
