@@ -23,6 +23,7 @@ enum Command {
     Generate(cmd::generate::Args),
     Repack(cmd::repack::Args),
     Verify(cmd::verify::Args),
+    Synth(cmd::synth::Args),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +37,7 @@ fn main() -> ExitCode {
         Command::Generate(a) => cmd::generate::run(a),
         Command::Repack(a) => cmd::repack::run(a),
         Command::Verify(a) => cmd::verify::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -14,6 +14,7 @@ pub mod linear;
 pub mod model;
 pub mod quant;
 pub mod safetensors;
+pub mod synth;
 
 pub use checkpoint::{Checkpoint, TensorStore};
 pub use config::ModelConfig;

@@ -3,6 +3,7 @@
 pub mod generate;
 pub mod logits;
 pub mod repack;
+pub mod synth;
 pub mod verify;
 
 use anyhow::Result;
