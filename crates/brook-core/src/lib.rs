@@ -1,1 +1,2 @@
 //! brook-core
+pub mod text;
