@@ -133,3 +133,56 @@ impl GenerationConfig {
         p
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(s: &str) -> GenerationConfig {
+        serde_json::from_str(s).unwrap_or_default()
+    }
+
+    #[test]
+    fn eos_list_comes_first_then_config_ids() {
+        let g = parse(
+            r#"{"bos_token_id": 151643, "eos_token_id": [151645, 151643], "do_sample": true,
+                         "temperature": 0.7, "top_k": 20, "top_p": 0.8, "transformers_version": "4.56"}"#,
+        );
+        assert_eq!(g.bos_token_id, Some(151643));
+        assert_eq!(g.stop_ids(&[151645], None), [151645, 151643]);
+        assert_eq!(g.stop_ids(&[7], Some(1)), [151645, 151643, 7]);
+        let p = g.sampling_params();
+        assert_eq!((p.temperature, p.top_k, p.top_p), (0.7, 20, 0.8));
+    }
+
+    #[test]
+    fn single_int_eos_and_fallbacks() {
+        let g = parse(r#"{"eos_token_id": 248046}"#);
+        assert_eq!(g.eos_token_id, [248046]);
+        let empty = GenerationConfig::default();
+        assert_eq!(empty.stop_ids(&[248044], Some(1)), [248044]);
+        assert_eq!(empty.stop_ids(&[], Some(151645)), [151645]);
+        assert!(empty.stop_ids(&[], None).is_empty());
+    }
+
+    #[test]
+    fn do_sample_false_means_greedy() {
+        let g = parse(r#"{"do_sample": false, "temperature": 0.9}"#);
+        assert_eq!(g.sampling_params().temperature, 0.0);
+    }
+
+    #[test]
+    fn bad_eos_is_an_error_naming_the_file() {
+        let dir = std::env::temp_dir().join("brook-text-genconfig");
+        std::fs::create_dir_all(&dir).unwrap_or_default();
+        let path = dir.join("generation_config.json");
+        std::fs::write(&path, r#"{"eos_token_id": "x"}"#).unwrap_or_default();
+        let err = match GenerationConfig::from_dir(&dir) {
+            Err(e) => e.to_string(),
+            Ok(g) => format!("unexpectedly parsed {g:?}"),
+        };
+        assert!(err.contains("generation_config.json"), "{err}");
+        assert_eq!(eos_ids_from_value(&serde_json::json!(null)), Ok(vec![]));
+        assert!(eos_ids_from_value(&serde_json::json!([-1])).is_err());
+    }
+}

@@ -65,7 +65,7 @@ fn write_value(out: &mut String, v: &Value, opts: &DumpOptions, level: usize) ->
         ValueKind::Map => {
             let mut keys: Vec<Value> = v.try_iter()?.collect();
             if opts.sort_keys {
-                keys.sort_by(|a, b| a.to_string().cmp(&b.to_string()));
+                keys.sort_by_key(|k| k.to_string());
             }
             write_container(out, opts, level, ('{', '}'), keys.len(), |out, i| {
                 let key = &keys[i];
