@@ -159,8 +159,7 @@ impl TextStream {
         if self.skip_special && self.tok.is_special(id) {
             return events;
         }
-        let tok = Arc::clone(&self.tok);
-        self.utf8.extend_from_slice(tok.token_bytes(id));
+        self.utf8.extend_from_slice(self.tok.token_bytes(id));
         let text = take_complete_utf8(&mut self.utf8);
         if !text.is_empty() {
             self.feed_text(&text, &mut events);
@@ -300,77 +299,80 @@ impl TagParser {
     /// Handles one tag if a whole one is buffered; returns whether to go on.
     fn step(&mut self, events: &mut Vec<StreamEvent>) -> bool {
         match self.mode {
-            Mode::ToolCall => {
-                let Some(end) = self.call_body.find(CALL_CLOSE) else {
-                    return false;
-                };
-                let rest = self.call_body.split_off(end + CALL_CLOSE.len());
-                let body = std::mem::take(&mut self.call_body);
-                let body = &body[..end];
-                self.emit_call(body, true, events);
-                self.mode = Mode::Content;
-                self.strip_newlines = true;
-                self.pending = rest;
-                true
+            Mode::ToolCall => self.step_call(events),
+            Mode::Content | Mode::Reasoning => self.step_text(events),
+        }
+    }
+
+    /// Inside `<tool_call>`: wait for `</tool_call>`, then parse the body.
+    fn step_call(&mut self, events: &mut Vec<StreamEvent>) -> bool {
+        let Some(end) = self.call_body.find(CALL_CLOSE) else {
+            return false;
+        };
+        let rest = self.call_body.split_off(end + CALL_CLOSE.len());
+        let body = std::mem::take(&mut self.call_body);
+        self.emit_call(&body[..end], true, events);
+        self.mode = Mode::Content;
+        self.strip_newlines = true;
+        self.pending = rest;
+        true
+    }
+
+    /// In content or reasoning: emit text up to the next tag, or up to what might begin one.
+    fn step_text(&mut self, events: &mut Vec<StreamEvent>) -> bool {
+        if self.strip_newlines {
+            let trimmed = self.pending.trim_start_matches('\n');
+            if trimmed.is_empty() {
+                self.pending.clear();
+                return false;
             }
-            Mode::Content | Mode::Reasoning => {
-                if self.strip_newlines {
-                    let trimmed = self.pending.trim_start_matches('\n');
-                    if trimmed.is_empty() {
-                        self.pending.clear();
-                        return false;
-                    }
-                    self.pending = trimmed.to_string();
-                    self.strip_newlines = false;
-                }
-                let tags: &[&str] = match self.mode {
-                    Mode::Reasoning => &[THINK_CLOSE],
-                    _ => match (self.parse_reasoning, self.parse_tool_calls) {
-                        (true, true) => &[THINK_OPEN, CALL_OPEN],
-                        (true, false) => &[THINK_OPEN],
-                        (false, true) => &[CALL_OPEN],
-                        (false, false) => &[],
-                    },
-                };
-                let hit = tags
-                    .iter()
-                    .filter_map(|t| self.pending.find(t).map(|p| (p, *t)))
-                    .min_by_key(|(p, _)| *p);
-                match hit {
-                    Some((pos, tag)) => {
-                        let rest = self.pending.split_off(pos + tag.len());
-                        let before = std::mem::replace(&mut self.pending, rest);
-                        self.emit_text(before[..pos].trim_end_matches('\n'), events);
-                        self.mode = match tag {
-                            THINK_OPEN => Mode::Reasoning,
-                            CALL_OPEN => Mode::ToolCall,
-                            _ => Mode::Content,
-                        };
-                        if self.mode == Mode::ToolCall {
-                            self.call_body = std::mem::take(&mut self.pending);
-                        } else {
-                            self.strip_newlines = true;
-                        }
-                        true
-                    }
-                    None => {
-                        let tag_hold = tags
-                            .iter()
-                            .map(|t| partial_suffix(&self.pending, t))
-                            .max()
-                            .unwrap_or(0);
-                        let body_end = self.pending.len() - tag_hold;
-                        let ws = self.pending[..body_end].len()
-                            - self.pending[..body_end].trim_end_matches('\n').len();
-                        let cut = body_end - ws;
-                        if cut > 0 {
-                            let ready: String = self.pending.drain(..cut).collect();
-                            self.emit_text(&ready, events);
-                        }
-                        false
-                    }
-                }
+            self.pending = trimmed.to_string();
+            self.strip_newlines = false;
+        }
+        let tags = self.tags();
+        let hit = tags
+            .iter()
+            .filter_map(|t| self.pending.find(t).map(|p| (p, *t)))
+            .min_by_key(|(p, _)| *p);
+        let Some((pos, tag)) = hit else {
+            // Hold back a possible partial tag and the newlines before it.
+            let tag_hold = tags
+                .iter()
+                .map(|t| partial_suffix(&self.pending, t))
+                .max()
+                .unwrap_or(0);
+            let body = &self.pending[..self.pending.len() - tag_hold];
+            let cut = body.trim_end_matches('\n').len();
+            if cut > 0 {
+                let ready: String = self.pending.drain(..cut).collect();
+                self.emit_text(&ready, events);
             }
+            return false;
+        };
+        let rest = self.pending.split_off(pos + tag.len());
+        let before = std::mem::replace(&mut self.pending, rest);
+        self.emit_text(before[..pos].trim_end_matches('\n'), events);
+        self.mode = match tag {
+            THINK_OPEN => Mode::Reasoning,
+            CALL_OPEN => Mode::ToolCall,
+            _ => Mode::Content,
+        };
+        if self.mode == Mode::ToolCall {
+            self.call_body = std::mem::take(&mut self.pending);
+        } else {
+            self.strip_newlines = true;
+        }
+        true
+    }
+
+    /// The tags that end the current mode's text.
+    fn tags(&self) -> &'static [&'static str] {
+        match (self.mode, self.parse_reasoning, self.parse_tool_calls) {
+            (Mode::Reasoning, _, _) => &[THINK_CLOSE],
+            (_, true, true) => &[THINK_OPEN, CALL_OPEN],
+            (_, true, false) => &[THINK_OPEN],
+            (_, false, true) => &[CALL_OPEN],
+            (_, false, false) => &[],
         }
     }
 
