@@ -257,7 +257,10 @@ impl ModelConfig {
                 return Err(Error::config(field(name), "must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self
+            .num_attention_heads
+            .is_multiple_of(self.num_key_value_heads)
+        {
             return Err(Error::config(
                 field("num_key_value_heads"),
                 format!(
@@ -266,7 +269,10 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.linear_num_value_heads % self.linear_num_key_heads != 0 {
+        if !self
+            .linear_num_value_heads
+            .is_multiple_of(self.linear_num_key_heads)
+        {
             return Err(Error::config(
                 field("linear_num_value_heads"),
                 format!(
@@ -275,7 +281,7 @@ impl ModelConfig {
                 ),
             ));
         }
-        if self.rotary_dim % 2 != 0 || self.rotary_dim > self.head_dim {
+        if !self.rotary_dim.is_multiple_of(2) || self.rotary_dim > self.head_dim {
             return Err(Error::config(
                 field("partial_rotary_factor"),
                 format!(
@@ -426,15 +432,13 @@ fn quant_spec(field: &str, v: &Value, fallback: Option<QuantSpec>) -> Result<Qua
         .map(|g| g as usize)
         .or(fallback.map(|s| s.group_size))
         .ok_or_else(|| Error::config(format!("{field}.group_size"), "missing"))?;
-    if let Some(mode) = obj.get("mode").and_then(Value::as_str) {
-        if mode != "affine" {
-            return Err(Error::config(
-                format!("{field}.mode"),
-                format!(
-                    "`{mode}` quantization is not supported; brook reads MLX affine checkpoints"
-                ),
-            ));
-        }
+    if let Some(mode) = obj.get("mode").and_then(Value::as_str)
+        && mode != "affine"
+    {
+        return Err(Error::config(
+            format!("{field}.mode"),
+            format!("`{mode}` quantization is not supported; brook reads MLX affine checkpoints"),
+        ));
     }
     Ok(QuantSpec { bits, group_size })
 }

@@ -15,6 +15,7 @@ pub mod model;
 pub mod quant;
 pub mod safetensors;
 pub mod synth;
+pub mod text;
 
 pub use checkpoint::{Checkpoint, TensorStore};
 pub use config::ModelConfig;

@@ -22,13 +22,13 @@ pub fn spec_problem(spec: QuantSpec, in_features: usize) -> Option<String> {
     if !SUPPORTED_GROUPS.contains(&spec.group_size) {
         return Some(format!("group size {}", spec.group_size));
     }
-    if in_features % spec.group_size != 0 {
+    if !in_features.is_multiple_of(spec.group_size) {
         return Some(format!(
             "input width {in_features} is not a multiple of the group size {}",
             spec.group_size
         ));
     }
-    if (in_features * spec.bits as usize) % 32 != 0 {
+    if !(in_features * spec.bits as usize).is_multiple_of(32) {
         return Some(format!(
             "input width {in_features} at {} bits does not fill whole u32 words",
             spec.bits
@@ -134,7 +134,7 @@ pub fn spec_from_shapes(
             lead + 2
         )));
     }
-    if groups == 0 || inp % groups != 0 || (wcols * 32) % inp != 0 {
+    if groups == 0 || !inp.is_multiple_of(groups) || (wcols * 32) % inp != 0 {
         return Err(bad(format!(
             "packed weight {packed:?} with scales {scales:?} cannot hold rows of {inp} elements"
         )));
@@ -164,12 +164,16 @@ mod tests {
                 let (p, s, b) = quantize_row(&w, spec);
                 let mut out = vec![0.0; w.len()];
                 dequantize_row(&p, &s, &b, spec, &mut out);
-                let step = 4.0 / ((1u32 << bits) - 1) as f32;
-                for (x, y) in w.iter().zip(&out) {
-                    assert!(
-                        (x - y).abs() <= step * 0.5 + 1e-5,
-                        "bits {bits} g {group_size}"
-                    );
+                // MLX snaps the scale so the group's largest-magnitude element is exact, which
+                // can stretch the step; every element stays within one step of its value.
+                for (g, (xs, ys)) in w.chunks(group_size).zip(out.chunks(group_size)).enumerate() {
+                    for (x, y) in xs.iter().zip(ys) {
+                        let tol = s[g].abs() + 1e-5;
+                        assert!(
+                            (x - y).abs() <= tol,
+                            "bits {bits} g {group_size}: {x} vs {y}"
+                        );
+                    }
                 }
             }
         }

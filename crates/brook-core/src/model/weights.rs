@@ -310,16 +310,16 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
         }
         let sinfo = self.store.require(&sname)?;
         let spec = quant::spec_from_shapes(&wname, &winfo.shape, &sinfo.shape, lead.len(), inp)?;
-        if let Some(Some(cfg_spec)) = self.cfg.quantization.overrides.get(path) {
-            if *cfg_spec != spec {
-                return Err(Error::Quantization {
-                    name: wname,
-                    reason: format!(
-                        "config.json says {} bits group {}, the tensors hold {} bits group {}",
-                        cfg_spec.bits, cfg_spec.group_size, spec.bits, spec.group_size
-                    ),
-                });
-            }
+        if let Some(Some(cfg_spec)) = self.cfg.quantization.overrides.get(path)
+            && *cfg_spec != spec
+        {
+            return Err(Error::Quantization {
+                name: wname,
+                reason: format!(
+                    "config.json says {} bits group {}, the tensors hold {} bits group {}",
+                    cfg_spec.bits, cfg_spec.group_size, spec.bits, spec.group_size
+                ),
+            });
         }
         let words = quant::words_per_row(inp, spec.bits);
         if winfo.shape != shape(words) {

@@ -1,0 +1,32 @@
+//! Text in, text out: everything between a user's string and the token ids the model sees, and
+//! back again, without the model itself.
+//!
+//! Owns the tokenizer (`tokenizer.json` through the `tokenizers` crate), the chat template
+//! (Jinja through minijinja, rendered byte-identically to transformers' `apply_chat_template`),
+//! `generation_config.json`, the token sampler and the streaming detokenizer that splits
+//! reasoning, content and tool calls. It must not know about weights, backends or HTTP: it
+//! takes ids and logits in and gives ids, strings and events out.
+//!
+//! References it mirrors: transformers (`apply_chat_template`, `tojson`), mlx-lm
+//! (`load_config`'s EOS handling, streaming detokenizer), llama.cpp / vLLM (sampler order,
+//! penalties), vLLM's `hermes` and `qwen3_coder` tool parsers and `qwen3` reasoning parser.
+
+mod error;
+mod generation;
+mod message;
+mod pyjson;
+mod sampler;
+mod stream;
+mod strftime;
+mod template;
+mod tokenizer;
+mod tool_parse;
+
+pub use error::{Result, TextError};
+pub use generation::{GenerationConfig, eos_ids_from_value};
+pub use message::{Content, ContentPart, FunctionCall, Message, MessageToolCall};
+pub use sampler::{Sampler, SamplingParams};
+pub use stream::{StopReason, StreamEvent, StreamOptions, TextStream, prompt_opens_reasoning};
+pub use template::ChatTemplate;
+pub use tokenizer::Tokenizer;
+pub use tool_parse::{ToolCall, ToolSchemas};

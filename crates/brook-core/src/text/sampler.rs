@@ -1,0 +1,361 @@
+//! The token sampler: logits in, one id out, deterministic for a seed.
+//!
+//! Order as llama.cpp and vLLM document it: penalties (repetition as HF/llama.cpp: divide
+//! positive logits, multiply negative ones; presence and frequency as OpenAI), then temperature,
+//! top-k, top-p, min-p, then a draw. Temperature 0 is argmax. All scratch is sized in `new`;
+//! `sample` never allocates. It must not know about tokenizers or stop conditions.
+//!
+//! The RNG is xoshiro256** seeded through splitmix64 (Blackman and Vigna's reference
+//! constants), written out here rather than taken from `rand`, so a seed means the same stream
+//! of tokens across brook versions whatever a dependency changes.
+
+use super::{Result, TextError};
+
+/// How to pick the next token. The default is greedy (argmax), with every filter off.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = argmax; otherwise logits are divided by it.
+    pub temperature: f32,
+    /// Keep the `top_k` most likely tokens; 0 = off.
+    pub top_k: usize,
+    /// Keep the smallest most-likely set whose probability reaches `top_p`; 1 = off.
+    pub top_p: f32,
+    /// Drop tokens less likely than `min_p` times the most likely one; 0 = off.
+    pub min_p: f32,
+    /// > 1 discourages tokens already in the window; 1 = off.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token in the window (OpenAI); 0 = off.
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence in the window (OpenAI); 0 = off.
+    pub frequency_penalty: f32,
+    /// Penalties look at the last `n` ids of the history; `None` = all of it.
+    pub penalty_last_n: Option<usize>,
+    /// RNG seed.
+    pub seed: u64,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        Self {
+            temperature: 0.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            penalty_last_n: None,
+            seed: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    fn validate(&self) -> Result<()> {
+        let bad = |name, value: f32, expected| {
+            Err(TextError::Sampling {
+                name,
+                value: value.to_string(),
+                expected,
+            })
+        };
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return bad("temperature", self.temperature, "a finite number >= 0");
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return bad("top_p", self.top_p, "in (0, 1]");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return bad("min_p", self.min_p, "in [0, 1]");
+        }
+        if !(self.repetition_penalty.is_finite() && self.repetition_penalty > 0.0) {
+            return bad(
+                "repetition_penalty",
+                self.repetition_penalty,
+                "a finite number > 0",
+            );
+        }
+        if !self.presence_penalty.is_finite() {
+            return bad("presence_penalty", self.presence_penalty, "a finite number");
+        }
+        if !self.frequency_penalty.is_finite() {
+            return bad(
+                "frequency_penalty",
+                self.frequency_penalty,
+                "a finite number",
+            );
+        }
+        Ok(())
+    }
+
+    fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
+/// A sampler with its scratch sized for one vocabulary.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Xoshiro256,
+    counts: Vec<u32>, // [vocab] occurrences of each id in the penalty window, zero between calls
+    idx: Vec<u32>,    // [vocab] candidate ids, most likely first once sorted
+    probs: Vec<f32>,  // [vocab] unnormalised probability of each id
+}
+
+impl Sampler {
+    /// A sampler for logits of length `vocab_size` (the model's padded embedding rows).
+    pub fn new(params: SamplingParams, vocab_size: usize) -> Result<Self> {
+        params.validate()?;
+        Ok(Self {
+            rng: Xoshiro256::seed_from_u64(params.seed),
+            params,
+            counts: vec![0; vocab_size],
+            idx: vec![0; vocab_size],
+            probs: vec![0.0; vocab_size],
+        })
+    }
+
+    /// The parameters this sampler was built with.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Restarts the random stream at `seed`.
+    pub fn reseed(&mut self, seed: u64) {
+        self.params.seed = seed;
+        self.rng = Xoshiro256::seed_from_u64(seed);
+    }
+
+    /// Picks the next id. Penalties are applied to `logits` in place; `history` holds the ids
+    /// the penalties look at (prompt and output so far, as the caller decides). Logits beyond
+    /// `vocab_size` are ignored; NaN logits are never picked unless every logit is NaN.
+    pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        let n = logits.len().min(self.idx.len());
+        let logits = &mut logits[..n];
+        if self.params.has_penalties() {
+            self.apply_penalties(logits, history);
+        }
+        if self.params.temperature == 0.0 || self.params.top_k == 1 || n <= 1 {
+            return argmax(logits);
+        }
+        let Some(m) = self.filter(logits) else {
+            return argmax(logits);
+        };
+        let total: f32 = self.idx[..m].iter().map(|&i| self.probs[i as usize]).sum();
+        let mut target = self.rng.next_f64() as f32 * total;
+        for &i in &self.idx[..m] {
+            target -= self.probs[i as usize];
+            if target < 0.0 {
+                return i;
+            }
+        }
+        // Rounding left `target` a hair above zero: the last candidate is the one.
+        self.idx[m.saturating_sub(1)]
+    }
+
+    fn apply_penalties(&mut self, logits: &mut [f32], history: &[u32]) {
+        let start = match self.params.penalty_last_n {
+            Some(last) => history.len().saturating_sub(last),
+            None => 0,
+        };
+        let window = &history[start..];
+        let n = logits.len();
+        for &id in window {
+            if let Some(c) = self.counts.get_mut(id as usize) {
+                *c += 1;
+            }
+        }
+        let (rp, pp, fp) = (
+            self.params.repetition_penalty,
+            self.params.presence_penalty,
+            self.params.frequency_penalty,
+        );
+        for &id in window {
+            let i = id as usize;
+            if i >= n || self.counts[i] == 0 {
+                continue;
+            }
+            let count = self.counts[i] as f32;
+            self.counts[i] = 0; // each id once, and the counts are clean for the next call
+            let l = &mut logits[i];
+            *l = if *l > 0.0 { *l / rp } else { *l * rp };
+            *l -= pp + fp * count;
+        }
+    }
+
+    /// Temperature, top-k, top-p and min-p. Leaves the `m` surviving ids in `idx[..m]` with
+    /// their unnormalised probabilities in `probs`, and returns `m`; `None` when no logit is
+    /// finite (argmax decides then).
+    fn filter(&mut self, logits: &[f32]) -> Option<usize> {
+        let n = logits.len();
+        let inv_t = 1.0 / self.params.temperature;
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| !l.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        if !max.is_finite() {
+            return None;
+        }
+        let mut sum = 0.0f32;
+        for (i, &l) in logits.iter().enumerate() {
+            let p = if l.is_nan() {
+                0.0
+            } else {
+                ((l - max) * inv_t).exp()
+            };
+            self.probs[i] = p;
+            sum += p;
+            self.idx[i] = i as u32;
+        }
+        let mut m = n;
+        let top_k = self.params.top_k;
+        let top_p = self.params.top_p;
+        if top_k > 0 && top_k < n {
+            self.select_top(top_k);
+            m = top_k;
+        }
+        if top_p < 1.0 {
+            if m < n {
+                sum = self.idx[..m].iter().map(|&i| self.probs[i as usize]).sum();
+            }
+            m = self.top_p_cut(m, sum * top_p);
+        }
+        if self.params.min_p > 0.0 {
+            // probs are relative to the best logit, whose probability is exactly 1.
+            let threshold = self.params.min_p;
+            let probs = &self.probs;
+            let mut kept = 0;
+            for j in 0..m {
+                let id = self.idx[j];
+                if probs[id as usize] >= threshold {
+                    self.idx[kept] = id;
+                    kept += 1;
+                }
+            }
+            m = kept.max(1);
+        }
+        Some(m)
+    }
+
+    /// Moves the `k` most likely ids to `idx[..k]`, sorted most likely first (ties: lower id).
+    fn select_top(&mut self, k: usize) {
+        let probs = &self.probs;
+        let order = |a: &u32, b: &u32| {
+            probs[*b as usize]
+                .total_cmp(&probs[*a as usize])
+                .then(a.cmp(b))
+        };
+        let k = k.min(self.idx.len());
+        if k < self.idx.len() {
+            self.idx.select_nth_unstable_by(k - 1, order);
+        }
+        self.idx[..k].sort_unstable_by(order);
+    }
+
+    /// Among `idx[..m]`, keeps the shortest most-likely prefix whose mass reaches `mass`. Sorts
+    /// only as much as needed: 256 candidates first, growing fourfold.
+    fn top_p_cut(&mut self, m: usize, mass: f32) -> usize {
+        let mut sorted = 0;
+        let mut k = 256.min(m);
+        loop {
+            if k > sorted {
+                let probs = &self.probs;
+                let order = |a: &u32, b: &u32| {
+                    probs[*b as usize]
+                        .total_cmp(&probs[*a as usize])
+                        .then(a.cmp(b))
+                };
+                let part = &mut self.idx[sorted..m];
+                let want = k - sorted;
+                if want < part.len() {
+                    part.select_nth_unstable_by(want - 1, order);
+                }
+                part[..want].sort_unstable_by(order);
+                sorted = k;
+            }
+            let mut acc = 0.0f32;
+            for (j, &id) in self.idx[..sorted].iter().enumerate() {
+                acc += self.probs[id as usize];
+                if acc >= mass {
+                    return j + 1;
+                }
+            }
+            if sorted >= m {
+                return m;
+            }
+            k = (k * 4).min(m);
+        }
+    }
+}
+
+/// Index of the largest logit; NaN loses to everything, ties go to the lower id.
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_v = f32::NEG_INFINITY;
+    let mut seen = false;
+    for (i, &l) in logits.iter().enumerate() {
+        if !l.is_nan() && (!seen || l > best_v) {
+            best = i;
+            best_v = l;
+            seen = true;
+        }
+    }
+    best as u32
+}
+
+/// xoshiro256** 1.0 (Blackman & Vigna, 2018).
+#[derive(Debug, Clone)]
+struct Xoshiro256 {
+    s: [u64; 4],
+}
+
+impl Xoshiro256 {
+    fn seed_from_u64(seed: u64) -> Self {
+        let mut x = seed;
+        let mut next = || {
+            // splitmix64
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            z ^ (z >> 31)
+        };
+        Self {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Xoshiro256;
+
+    #[test]
+    fn splitmix_seeding_matches_reference_vector() {
+        // splitmix64 from seed 0 starts 0xe220a8397b1dcdaf (Vigna's splitmix64.c).
+        let r = Xoshiro256::seed_from_u64(0);
+        assert_eq!(r.s[0], 0xe220_a839_7b1d_cdaf);
+    }
+}
