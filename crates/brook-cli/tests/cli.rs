@@ -128,3 +128,59 @@ fn bad_input_exits_with_a_message_not_a_panic() {
         .expect("run");
     assert_eq!(out.status.code(), Some(3));
 }
+
+/// A mid-size synthetic container (4 layers × 64 experts of 448 KiB, 115 MB of experts).
+fn mid_container(dir: &std::path::Path) -> PathBuf {
+    let mut cfg = brook_core::synth::preset_config("tiny").expect("preset");
+    let t = &mut cfg["text_config"];
+    t["hidden_size"] = 512.into();
+    t["num_experts"] = 64.into();
+    t["num_experts_per_tok"] = 8.into();
+    t["moe_intermediate_size"] = 512.into();
+    t["shared_expert_intermediate_size"] = 512.into();
+    t["vocab_size"] = 8192.into();
+    let store = brook_core::synth::SynthStore::from_config("mid", cfg, 4, 7).expect("synth");
+    let out = dir.join("mid");
+    brook_core::container::repack::repack(&store.repack_source(), &out, &mut |_| {})
+        .expect("repack");
+    out
+}
+
+#[test]
+fn peak_rss_stays_under_a_small_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = mid_container(dir.path());
+    let budget: u64 = 100 << 20;
+    let out = brook()
+        .args(["generate", "--model"])
+        .arg(&c)
+        .args(["--memory-budget", "100MiB", "--context", "256"])
+        .args([
+            "--prompt-tokens",
+            "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+        ])
+        .args(["--max-tokens", "8", "--json"])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let peak = v["peak_rss_bytes"].as_u64().expect("peak");
+    let cache = &v["cache"];
+    assert!(
+        cache["misses"].as_u64().expect("misses") > 0,
+        "must stream: {cache}"
+    );
+    assert!(
+        cache["evictions"].as_u64().expect("evictions") > 0,
+        "cache must be full: {cache}"
+    );
+    assert!(peak < budget, "VmHWM {peak} over the budget {budget}");
+    assert!(
+        peak > budget / 2,
+        "VmHWM {peak}: the budget should be used, not ignored"
+    );
+}

@@ -22,6 +22,12 @@ pub trait TensorStore {
     fn info(&self, name: &str) -> Option<&TensorInfo>;
     /// Reads `len` bytes of tensor `name` starting `offset` bytes into it.
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>>;
+    /// Fills `buf` with bytes of tensor `name` starting `offset` bytes into it.
+    fn read_range_into(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let bytes = self.read_range(name, offset, buf.len() as u64)?;
+        buf.copy_from_slice(&bytes);
+        Ok(())
+    }
     /// Canonical names of every tensor served, sorted.
     fn names(&self) -> Vec<String>;
     /// Reads all bytes of tensor `name`.
@@ -154,17 +160,22 @@ impl TensorStore for Checkpoint {
     }
 
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len as usize];
+        self.read_range_into(name, offset, &mut buf)?;
+        Ok(buf)
+    }
+
+    fn read_range_into(&self, name: &str, offset: u64, buf: &mut [u8]) -> Result<()> {
         let info = self.require(name)?;
         let (f, _) = &self.index[name];
+        let len = buf.len() as u64;
         if offset + len > info.len {
             return Err(Error::Invalid(format!(
                 "read of {len} bytes at {offset} past the end of tensor `{name}` ({} bytes)",
                 info.len
             )));
         }
-        let mut buf = vec![0u8; len as usize];
-        self.files[*f].read_into(info.offset + offset, &mut buf)?;
-        Ok(buf)
+        self.files[*f].read_into(info.offset + offset, buf)
     }
 }
 

@@ -10,6 +10,7 @@ pub mod config;
 pub mod container;
 pub mod dtype;
 pub mod error;
+pub mod experts;
 pub mod linear;
 pub mod model;
 pub mod quant;

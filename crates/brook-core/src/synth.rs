@@ -158,10 +158,14 @@ pub const GROUP: usize = 64;
 impl SynthStore {
     /// The synthetic model `preset` at `bits` (4 or 8) with routers at 8 bits.
     pub fn new(preset: &str, bits: u32, seed: u64) -> Result<Self> {
+        Self::from_config(preset, preset_config(preset)?, bits, seed)
+    }
+
+    /// A synthetic model of any config.json of the two families (without `quantization`).
+    pub fn from_config(preset: &str, mut config_json: Value, bits: u32, seed: u64) -> Result<Self> {
         if bits != 4 && bits != 8 {
             return Err(Error::Invalid(format!("--bits must be 4 or 8, not {bits}")));
         }
-        let mut config_json = preset_config(preset)?;
         let cfg = ModelConfig::from_json(&config_json)?;
         let prefix = if cfg.arch == Arch::Qwen35Moe {
             "language_model."
@@ -512,6 +516,13 @@ impl TensorStore for SynthStore {
     }
 
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; len as usize];
+        self.read_range_into(name, offset, &mut out)?;
+        Ok(out)
+    }
+
+    fn read_range_into(&self, name: &str, offset: u64, out: &mut [u8]) -> Result<()> {
+        let len = out.len() as u64;
         let t = self
             .tensors
             .get(canonical_name(name))
@@ -524,17 +535,25 @@ impl TensorStore for SynthStore {
                 "read past the end of tensor `{name}`"
             )));
         }
-        let mut out = Vec::with_capacity(len as usize);
-        let mut row = vec![0u8; t.row_bytes as usize];
+        let mut row = Vec::new();
         let first = offset / t.row_bytes;
         let last = (offset + len).div_ceil(t.row_bytes);
+        let mut at = 0usize;
         for r in first..last {
-            fill_row(t, r, &mut row);
             let start = offset.saturating_sub(r * t.row_bytes) as usize;
             let end = ((offset + len) - r * t.row_bytes).min(t.row_bytes) as usize;
-            out.extend_from_slice(&row[start..end]);
+            let n = end - start;
+            if n == t.row_bytes as usize {
+                // Whole rows are generated in place; only a partial first or last row is staged.
+                fill_row(t, r, &mut out[at..at + n]);
+            } else {
+                row.resize(t.row_bytes as usize, 0);
+                fill_row(t, r, &mut row);
+                out[at..at + n].copy_from_slice(&row[start..end]);
+            }
+            at += n;
         }
-        Ok(out)
+        Ok(())
     }
 }
 

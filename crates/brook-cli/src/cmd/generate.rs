@@ -1,10 +1,9 @@
 //! `brook generate`: one-shot generation from token ids.
 
-use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Result;
-use brook_core::{Logits, Model};
+use brook_core::Logits;
 
 /// Generate tokens after a prompt.
 #[derive(Debug, clap::Args)]
@@ -12,9 +11,8 @@ use brook_core::{Logits, Model};
     after_help = "Example:\n  brook generate --model ./Qwen3-Next-tiny --prompt-tokens 1,2,3 --max-tokens 16 --temperature 0 --json"
 )]
 pub struct Args {
-    /// Model: an MLX checkpoint folder.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: super::ModelArgs,
     /// Prompt as comma-separated token ids.
     #[arg(long)]
     prompt_tokens: String,
@@ -36,7 +34,7 @@ pub fn run(a: Args) -> Result<()> {
         ));
     }
     let prompt = super::parse_tokens(&a.prompt_tokens)?;
-    let model = Model::open(&a.model)?;
+    let model = a.model.open()?;
     let eos = model.cfg.eos_token_ids.clone();
     let mut state = model.new_state();
     let start = Instant::now();
@@ -58,12 +56,15 @@ pub fn run(a: Args) -> Result<()> {
     }
     let total = start.elapsed().as_secs_f64();
     if a.json {
+        let (_, peak) = brook_core::experts::budget::rss();
         let out = serde_json::json!({
             "tokens": tokens,
             "prompt_tokens": prompt.len(),
             "finish_reason": finish,
             "ttft_s": ttft,
             "total_s": total,
+            "peak_rss_bytes": peak,
+            "cache": model.experts.stats(),
         });
         println!("{out}");
     } else {

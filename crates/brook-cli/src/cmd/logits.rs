@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use brook_core::safetensors::{self, TensorOut};
-use brook_core::{Logits, Model, dtype::DType};
+use brook_core::{Logits, dtype::DType};
 
 /// Write the logits of every position of a token sequence to a safetensors file.
 #[derive(Debug, clap::Args)]
@@ -13,9 +13,8 @@ use brook_core::{Logits, Model, dtype::DType};
     after_help = "Example:\n  brook logits --model ./Qwen3-Next-tiny --tokens 1,2,3 --out logits.safetensors"
 )]
 pub struct Args {
-    /// Model: an MLX checkpoint folder.
-    #[arg(long)]
-    model: PathBuf,
+    #[command(flatten)]
+    model: super::ModelArgs,
     /// Comma-separated token ids.
     #[arg(long)]
     tokens: String,
@@ -26,7 +25,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let tokens = super::parse_tokens(&a.tokens)?;
-    let model = Model::open(&a.model)?;
+    let model = a.model.open()?;
     let mut state = model.new_state();
     let logits = model.forward(&mut state, &tokens, Logits::All, None)?;
     let bytes = safetensors::f32_bytes(&logits);

@@ -45,3 +45,57 @@ pub fn byte_bar(total: u64, what: &str) -> indicatif::ProgressBar {
     bar.set_message(what.to_string());
     bar
 }
+
+/// Flags shared by every command that runs a model.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ModelArgs {
+    /// Model: a brook container, or an MLX checkpoint folder (loaded whole).
+    #[arg(long)]
+    pub model: std::path::PathBuf,
+    /// Hard ceiling on memory, e.g. 3GiB or 2500M; default: from the cgroup limit and free memory.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_budget: Option<String>,
+    /// Number of expert slots, overriding the budget's choice (for experiments).
+    #[arg(long, value_name = "N")]
+    pub expert_cache: Option<usize>,
+    /// Longest sequence (prompt + generation) to size the state for.
+    #[arg(long, default_value_t = 4096)]
+    pub context: usize,
+    /// Prefetch the next layer's likely experts (experimental).
+    #[arg(long)]
+    pub prefetch: bool,
+    /// Compute backend.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]
+    pub backend: String,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    pub threads: Option<usize>,
+}
+
+impl ModelArgs {
+    /// Library open options from the flags.
+    pub fn options(&self) -> Result<brook_core::model::open::OpenOptions> {
+        if self.backend == "cuda" {
+            return Err(Error::Invalid(
+                "--backend cuda: this build has no CUDA backend yet; use --backend cpu".into(),
+            )
+            .into());
+        }
+        Ok(brook_core::model::open::OpenOptions {
+            memory_budget: self
+                .memory_budget
+                .as_deref()
+                .map(brook_core::experts::budget::parse_size)
+                .transpose()?,
+            expert_cache: self.expert_cache,
+            context: self.context,
+            prefetch: self.prefetch,
+            ..Default::default()
+        })
+    }
+
+    /// Opens the model.
+    pub fn open(&self) -> Result<brook_core::Model> {
+        Ok(brook_core::Model::open_with(&self.model, &self.options()?)?)
+    }
+}

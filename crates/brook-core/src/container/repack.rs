@@ -385,7 +385,9 @@ fn write_layer(
     let path = out.join(&file);
     let tmp = partial(&path);
     let io = |e| Error::io(&tmp, e);
-    let mut w = BufWriter::with_capacity(8 << 20, File::create(&tmp).map_err(io)?);
+    // Blobs are whole 16 KiB multiples in page-aligned memory, so they can bypass the page
+    // cache (one copy fewer, and a 40 GB repack does not evict everything else).
+    let mut w = open_direct_or_buffered(&tmp)?;
     let mut blob = AlignedBuf::zeroed(stride as usize);
     let mut hashes = Vec::with_capacity(cfg.num_experts);
     for e in 0..cfg.num_experts {
@@ -395,8 +397,7 @@ fn write_layer(
         p.bytes_done += stride;
         progress(*p);
     }
-    let f = w.into_inner().map_err(|e| io(e.into_error()))?;
-    f.sync_all().map_err(io)?;
+    w.sync_all().map_err(io)?;
     std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
     Ok(LayerInfo {
         file,
@@ -405,6 +406,21 @@ fn write_layer(
         sections: layout.sections.clone(),
         xxh3: hashes,
     })
+}
+
+/// Creates `path` for writing with O_DIRECT where the filesystem allows it (tmpfs does not).
+fn open_direct_or_buffered(path: &Path) -> Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let direct = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path);
+    match direct {
+        Ok(f) => Ok(f),
+        Err(_) => File::create(path).map_err(|e| Error::io(path, e)),
+    }
 }
 
 /// A buffered writer that hashes and counts what passes through.

@@ -7,6 +7,7 @@
 pub mod attention;
 pub mod delta_net;
 pub mod moe;
+pub mod open;
 pub mod ops;
 pub mod state;
 pub mod weights;
@@ -54,6 +55,10 @@ pub struct Model {
     pub dense: DenseWeights,
     pub experts: Box<dyn ExpertSource>,
     pub delta_mode: DeltaMode,
+    /// Route the next layer early and prefetch its likely experts.
+    pub prefetch: bool,
+    /// Most tokens run through the layers together.
+    pub prefill_chunk: usize,
 }
 
 impl Model {
@@ -77,6 +82,8 @@ impl Model {
                 experts: Box::new(ResidentExperts { layers }),
                 cfg: c.config,
                 delta_mode: DeltaMode::Auto,
+                prefetch: false,
+                prefill_chunk: 256,
             });
         }
         let ck = Checkpoint::open(dir)?;
@@ -104,6 +111,8 @@ impl Model {
             experts: Box::new(ResidentExperts { layers }),
             cfg,
             delta_mode: DeltaMode::Auto,
+            prefetch: false,
+            prefill_chunk: 256,
         })
     }
 
@@ -113,12 +122,45 @@ impl Model {
     }
 
     /// Feeds `tokens` through the model, advancing `state`, and returns the logits asked for.
+    ///
+    /// Long inputs run in chunks of [`Model::prefill_chunk`] tokens, layer by layer within a
+    /// chunk, so each needed expert is read once per chunk and scratch stays bounded.
     pub fn forward(
         &self,
         state: &mut SeqState,
         tokens: &[u32],
         want: Logits,
         mut trace: Option<&mut dyn FnMut(Stage<'_>)>,
+    ) -> Result<Vec<f32>> {
+        let chunk = self.prefill_chunk.max(1);
+        if tokens.len() <= chunk {
+            return self.forward_chunk(state, tokens, want, trace);
+        }
+        let mut all = Vec::new();
+        let n = tokens.len().div_ceil(chunk);
+        for (i, part) in tokens.chunks(chunk).enumerate() {
+            let last = i + 1 == n;
+            let w = match want {
+                Logits::All => Logits::All,
+                Logits::Last if last => Logits::Last,
+                _ => Logits::None,
+            };
+            let t: Option<&mut dyn FnMut(Stage<'_>)> = match trace {
+                Some(ref mut f) => Some(&mut **f),
+                None => None,
+            };
+            let logits = self.forward_chunk(state, part, w, t)?;
+            all.extend(logits);
+        }
+        Ok(all)
+    }
+
+    fn forward_chunk(
+        &self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        mut trace: Option<&mut (dyn FnMut(Stage<'_>) + '_)>,
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
@@ -158,6 +200,9 @@ impl Model {
                 cfg.rms_norm_eps,
                 &mut normed,
             );
+            if self.prefetch {
+                self.prefetch_next(i, &x);
+            }
             let routes = moe::forward(
                 &layer.mlp,
                 cfg,
@@ -185,6 +230,31 @@ impl Model {
         let mut logits = vec![0.0; rows.len() / h * v];
         self.dense.lm_head.forward_rows(rows, &mut logits);
         Ok(logits)
+    }
+}
+
+impl Model {
+    /// Routes `x` (the residual stream inside layer `i`) with layer i+1's norm and router and
+    /// asks the expert source to start reading those experts.
+    fn prefetch_next(&self, i: usize, x: &[f32]) {
+        let Some(next) = self.dense.layers.get(i + 1) else {
+            return;
+        };
+        let h = self.cfg.hidden_size;
+        let mut normed = vec![0.0; h];
+        let mut ids = Vec::new();
+        for xt in x.chunks_exact(h) {
+            ops::rms_norm(
+                xt,
+                &next.post_attention_layernorm,
+                self.cfg.rms_norm_eps,
+                &mut normed,
+            );
+            ids.extend(moe::route(&next.mlp, &self.cfg, &normed).experts);
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        self.experts.prefetch(i + 1, &ids);
     }
 }
 

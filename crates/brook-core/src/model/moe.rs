@@ -24,6 +24,11 @@ pub struct ExpertView<'a> {
 
 /// Anything holding one expert's weights: an owned [`Expert`] or a cache slot.
 pub trait ExpertData: Send + Sync + std::fmt::Debug {
+    /// Blocks until the weights are in memory; an I/O error surfaces here.
+    fn wait(&self) -> Result<()> {
+        Ok(())
+    }
+    /// The weights. Call [`ExpertData::wait`] first to see read errors.
     fn view(&self) -> ExpertView<'_>;
 }
 
@@ -42,8 +47,19 @@ pub type ExpertHandle = Arc<dyn ExpertData>;
 
 /// Where routed experts come from.
 pub trait ExpertSource: Send + Sync + std::fmt::Debug {
-    /// The experts `ids` of `layer`, in the order asked.
+    /// Handles on the experts `ids` of `layer`, in the order asked. Reads that are needed
+    /// start now; each handle's [`ExpertData::wait`] blocks until its expert has landed.
     fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>>;
+    /// A hint that `ids` of `layer` will probably be fetched soon.
+    fn prefetch(&self, _layer: usize, _ids: &[usize]) {}
+    /// Cache counters, where there is a cache.
+    fn stats(&self) -> Option<crate::experts::CacheStats> {
+        None
+    }
+    /// Most experts that can be held at once.
+    fn capacity(&self) -> usize {
+        usize::MAX
+    }
 }
 
 /// Every routed expert held in memory: `[layer][expert]`.
@@ -107,6 +123,11 @@ pub fn swiglu(e: ExpertView<'_>, x: &[f32], y: &mut [f32]) {
 }
 
 /// Runs the MoE block of `layer` on x[T, H], writing out[T, H]; returns each token's route.
+///
+/// Each token's routed contributions are added in ascending expert id, then the shared
+/// expert's, whatever the cache holds: the needed experts are fetched in ascending batches no
+/// larger than the source's capacity, so every expert is read at most once per call and the
+/// sums do not depend on the cache size.
 pub fn forward(
     w: &MoeWeights,
     cfg: &ModelConfig,
@@ -123,20 +144,54 @@ pub fn forward(
         .collect();
     needed.sort_unstable();
     needed.dedup();
-    let fetched = experts.fetch(layer, &needed)?;
+    out.iter_mut().for_each(|v| *v = 0.0);
+    let mut shared = vec![0.0; x.len()];
     let mut y = vec![0.0; h];
     let mut g = [0.0f32];
-    for ((xt, ot), r) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)).zip(&routes) {
-        ot.iter_mut().for_each(|v| *v = 0.0);
-        for (&e, &we) in r.experts.iter().zip(&r.weights) {
-            let idx = needed.binary_search(&e).unwrap_or_default();
-            swiglu(fetched[idx].view(), xt, &mut y);
-            ot.iter_mut().zip(&y).for_each(|(o, v)| *o += we * v);
-        }
+    let batch = experts.capacity().max(1);
+    let mut batches = needed.chunks(batch);
+    let mut next = batches
+        .next()
+        .map(|ids| (ids, experts.fetch(layer, ids)))
+        .transpose_ok()?;
+    // The shared expert computes while the first batch's reads are in flight.
+    for (xt, st) in x.chunks_exact(h).zip(shared.chunks_exact_mut(h)) {
         swiglu(w.shared_expert.view(), xt, &mut y);
         w.shared_expert_gate.forward(xt, &mut g);
         let gs = sigmoid(g[0]);
-        ot.iter_mut().zip(&y).for_each(|(o, v)| *o += gs * v);
+        st.iter_mut().zip(&y).for_each(|(o, v)| *o = gs * v);
     }
+    while let Some((ids, handles)) = next {
+        for (&e, handle) in ids.iter().zip(&handles) {
+            handle.wait()?;
+            let view = handle.view();
+            for ((xt, ot), r) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)).zip(&routes) {
+                if let Some(k) = r.experts.iter().position(|&x| x == e) {
+                    swiglu(view, xt, &mut y);
+                    let we = r.weights[k];
+                    ot.iter_mut().zip(&y).for_each(|(o, v)| *o += we * v);
+                }
+            }
+        }
+        drop(handles);
+        next = batches
+            .next()
+            .map(|ids| (ids, experts.fetch(layer, ids)))
+            .transpose_ok()?;
+    }
+    out.iter_mut().zip(&shared).for_each(|(o, s)| *o += s);
     Ok(routes)
+}
+
+trait TransposeOk<A, T> {
+    fn transpose_ok(self) -> Result<Option<(A, T)>>;
+}
+
+impl<A, T> TransposeOk<A, T> for Option<(A, Result<T>)> {
+    fn transpose_ok(self) -> Result<Option<(A, T)>> {
+        match self {
+            None => Ok(None),
+            Some((a, r)) => r.map(|t| Some((a, t))),
+        }
+    }
 }

@@ -1,0 +1,478 @@
+//! One global cache of expert slots shared by all layers, filled by concurrent direct reads.
+//!
+//! Eviction is least-frequently-used with use counts that survive eviction (an expert that was
+//! popular before stays valuable), ties broken by least recent use; experts held by a caller
+//! (the layer being computed) and slots being filled are pinned. All misses of a request are
+//! issued at once to a pool of I/O threads; [`ExpertData::wait`] blocks on one slot, so the
+//! caller computes the shared expert and the hits while the misses land. The cache changes
+//! speed, never results: a slot holds exactly the bytes of the container's blob.
+
+use std::cell::UnsafeCell;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::aligned::AlignedBuf;
+use crate::container::ExpertLayout;
+use crate::error::{Error, Result};
+use crate::experts::store::ExpertStore;
+use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
+
+/// Counters of the cache, cumulative since open. Take two snapshots to get a token's share.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct CacheStats {
+    pub hits: u64,
+    pub misses: u64,
+    /// Experts read from disk (misses plus prefetches).
+    pub reads: u64,
+    pub bytes_read: u64,
+    /// Wall time with at least one read in flight.
+    pub read_busy_ns: u64,
+    pub evictions: u64,
+    pub prefetches: u64,
+    /// Prefetched experts that a later request used.
+    pub prefetch_hits: u64,
+}
+
+impl CacheStats {
+    /// Counters accumulated between `earlier` and `self`.
+    pub fn since(&self, earlier: &CacheStats) -> CacheStats {
+        CacheStats {
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            reads: self.reads - earlier.reads,
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            read_busy_ns: self.read_busy_ns - earlier.read_busy_ns,
+            evictions: self.evictions - earlier.evictions,
+            prefetches: self.prefetches - earlier.prefetches,
+            prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
+        }
+    }
+
+    /// Hits / (hits + misses).
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// Achieved read bandwidth while reads were in flight, GB/s.
+    pub fn read_gb_s(&self) -> f64 {
+        if self.read_busy_ns == 0 {
+            0.0
+        } else {
+            self.bytes_read as f64 / self.read_busy_ns as f64
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+enum Status {
+    Empty,
+    Loading,
+    Ready,
+    Failed(String),
+}
+
+#[derive(Debug)]
+struct SlotMeta {
+    owner: Option<(usize, usize)>,
+    pins: u32,
+    last_use: u64,
+    status: Status,
+    /// Filled by a prefetch and not yet requested.
+    prefetched: bool,
+}
+
+#[derive(Debug)]
+struct State {
+    /// [layer][expert] → slot index.
+    map: Vec<Vec<Option<usize>>>,
+    slots: Vec<SlotMeta>,
+    /// [layer][expert] use counts; they survive eviction.
+    counts: Vec<Vec<u32>>,
+    tick: u64,
+    queue: VecDeque<(usize, usize, usize)>, // (slot, layer, expert)
+    in_flight: usize,
+    busy_since: Option<Instant>,
+    stats: CacheStats,
+    shutdown: bool,
+}
+
+/// Slot memory, written only by the I/O thread that owns a Loading slot.
+struct SlotBuf(UnsafeCell<AlignedBuf>);
+
+// SAFETY: access follows the slot protocol: a buffer is written only while its slot is
+// Loading (by exactly one I/O thread) and read only while Ready and pinned, both decided under
+// the state mutex, so no reader and writer ever overlap.
+unsafe impl Sync for SlotBuf {}
+
+struct Shared {
+    state: Mutex<State>,
+    /// Signalled when a slot finishes loading.
+    loaded: Condvar,
+    /// Signalled when a job is queued or on shutdown.
+    work: Condvar,
+    bufs: Vec<SlotBuf>,
+    store: ExpertStore,
+    layouts: Vec<Arc<ExpertLayout>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The expert cache.
+pub struct ExpertCache {
+    shared: Arc<Shared>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    num_experts: usize,
+}
+
+impl std::fmt::Debug for ExpertCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExpertCache")
+            .field("slots", &self.shared.bufs.len())
+            .field("direct", &self.shared.store.direct)
+            .finish()
+    }
+}
+
+impl ExpertCache {
+    /// A cache of `slots` slots over `store`, with `io_threads` readers.
+    pub fn new(
+        store: ExpertStore,
+        layouts: Vec<Arc<ExpertLayout>>,
+        stride: usize,
+        num_experts: usize,
+        slots: usize,
+        io_threads: usize,
+    ) -> Self {
+        let layers = layouts.len();
+        let state = State {
+            map: vec![vec![None; num_experts]; layers],
+            slots: (0..slots)
+                .map(|_| SlotMeta {
+                    owner: None,
+                    pins: 0,
+                    last_use: 0,
+                    status: Status::Empty,
+                    prefetched: false,
+                })
+                .collect(),
+            counts: vec![vec![0; num_experts]; layers],
+            tick: 0,
+            queue: VecDeque::new(),
+            in_flight: 0,
+            busy_since: None,
+            stats: CacheStats::default(),
+            shutdown: false,
+        };
+        let shared = Arc::new(Shared {
+            state: Mutex::new(state),
+            loaded: Condvar::new(),
+            work: Condvar::new(),
+            bufs: (0..slots)
+                .map(|_| SlotBuf(UnsafeCell::new(AlignedBuf::zeroed(stride))))
+                .collect(),
+            store,
+            layouts,
+        });
+        let threads = (0..io_threads.max(1))
+            .map(|i| {
+                let s = shared.clone();
+                std::thread::Builder::new()
+                    .name(format!("brook-io-{i}"))
+                    .stack_size(256 << 10)
+                    .spawn(move || io_loop(&s))
+                    .expect("spawning an I/O thread")
+            })
+            .collect();
+        ExpertCache {
+            shared,
+            threads,
+            num_experts,
+        }
+    }
+
+    /// Number of slots.
+    pub fn slots(&self) -> usize {
+        self.shared.bufs.len()
+    }
+
+    /// Whether reads bypass the page cache.
+    pub fn direct(&self) -> bool {
+        self.shared.store.direct
+    }
+
+    /// Picks a slot for a new expert: empty first, else the unpinned ready slot with the
+    /// lowest (use count, last use).
+    fn victim(st: &State) -> Option<usize> {
+        let mut best: Option<(u32, u64, usize)> = None;
+        for (i, s) in st.slots.iter().enumerate() {
+            match s.status {
+                Status::Empty | Status::Failed(_) if s.pins == 0 => return Some(i),
+                Status::Ready if s.pins == 0 => {
+                    let (l, e) = s.owner.unwrap_or((0, 0));
+                    let key = (st.counts[l][e], s.last_use, i);
+                    if best.is_none_or(|b| key < b) {
+                        best = Some(key);
+                    }
+                }
+                _ => {}
+            }
+        }
+        best.map(|b| b.2)
+    }
+
+    /// Assigns `slot` to (layer, e) and queues its read.
+    fn load(st: &mut State, slot: usize, layer: usize, e: usize) {
+        if let Some((ol, oe)) = st.slots[slot].owner.take() {
+            st.map[ol][oe] = None;
+            st.stats.evictions += 1;
+        }
+        st.map[layer][e] = Some(slot);
+        let s = &mut st.slots[slot];
+        s.owner = Some((layer, e));
+        s.status = Status::Loading;
+        st.queue.push_back((slot, layer, e));
+        st.stats.reads += 1;
+    }
+}
+
+impl Drop for ExpertCache {
+    fn drop(&mut self) {
+        self.shared.lock().shutdown = true;
+        self.shared.work.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn io_loop(s: &Shared) {
+    loop {
+        let (slot, layer, e) = {
+            let mut st = s.lock();
+            loop {
+                if st.shutdown {
+                    return;
+                }
+                if let Some(job) = st.queue.pop_front() {
+                    if st.in_flight == 0 {
+                        st.busy_since = Some(Instant::now());
+                    }
+                    st.in_flight += 1;
+                    break job;
+                }
+                st = s.work.wait(st).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        // SAFETY: this thread popped the job for a Loading slot; nobody else touches the
+        // buffer until the status changes under the lock below.
+        let buf = unsafe { &mut *s.bufs[slot].0.get() };
+        let result = s
+            .store
+            .check(layer)
+            .and_then(|()| s.store.read(layer, e, buf));
+        let mut st = s.lock();
+        st.in_flight -= 1;
+        if st.in_flight == 0
+            && let Some(t) = st.busy_since.take()
+        {
+            st.stats.read_busy_ns += t.elapsed().as_nanos() as u64;
+        }
+        match result {
+            Ok(()) => {
+                st.stats.bytes_read += buf.len() as u64;
+                st.slots[slot].status = Status::Ready;
+            }
+            Err(err) => {
+                st.slots[slot].status = Status::Failed(err.to_string());
+                st.slots[slot].owner = None;
+                st.map[layer][e] = None;
+            }
+        }
+        drop(st);
+        s.loaded.notify_all();
+    }
+}
+
+impl ExpertSource for ExpertCache {
+    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
+        let s = &self.shared;
+        let mut st = s.lock();
+        if let Some(&bad) = ids.iter().find(|&&e| e >= self.num_experts) {
+            return Err(Error::Invalid(format!("no expert {bad} in layer {layer}")));
+        }
+        st.tick += 1;
+        let tick = st.tick;
+        // Hits are pinned before any miss picks a victim, so a request never evicts one of
+        // its own experts (e.g. one a prefetch brought in).
+        let mut slots: Vec<Option<usize>> = Vec::with_capacity(ids.len());
+        for &e in ids {
+            st.counts[layer][e] += 1;
+            let slot = st.map[layer][e];
+            if let Some(slot) = slot {
+                st.stats.hits += 1;
+                if std::mem::take(&mut st.slots[slot].prefetched) {
+                    st.stats.prefetch_hits += 1;
+                }
+                st.slots[slot].pins += 1;
+                st.slots[slot].last_use = tick;
+            }
+            slots.push(slot);
+        }
+        let mut queued = false;
+        for (i, &e) in ids.iter().enumerate() {
+            if slots[i].is_some() {
+                continue;
+            }
+            let mut victim = Self::victim(&st);
+            // Unpinned slots still loading (prefetches) free up soon: wait for them.
+            while victim.is_none()
+                && st
+                    .slots
+                    .iter()
+                    .any(|m| m.pins == 0 && m.status == Status::Loading)
+            {
+                st = s.loaded.wait(st).unwrap_or_else(|p| p.into_inner());
+                victim = Self::victim(&st);
+            }
+            let Some(slot) = victim else {
+                let n = st.slots.len();
+                for s in slots.iter().flatten() {
+                    st.slots[*s].pins -= 1;
+                }
+                return Err(Error::Invalid(format!(
+                    "the expert cache has {n} slots, too few for {} experts at once; raise --memory-budget or --expert-cache",
+                    ids.len()
+                )));
+            };
+            st.stats.misses += 1;
+            Self::load(&mut st, slot, layer, e);
+            st.slots[slot].pins += 1;
+            st.slots[slot].last_use = tick;
+            slots[i] = Some(slot);
+            queued = true;
+        }
+        let handles: Vec<ExpertHandle> = slots
+            .into_iter()
+            .flatten()
+            .map(|slot| {
+                Arc::new(SlotHandle {
+                    shared: s.clone(),
+                    slot,
+                    layer,
+                }) as ExpertHandle
+            })
+            .collect();
+        drop(st);
+        if queued {
+            s.work.notify_all();
+        }
+        Ok(handles)
+    }
+
+    fn prefetch(&self, layer: usize, ids: &[usize]) {
+        let s = &self.shared;
+        let mut st = s.lock();
+        let mut queued = false;
+        for &e in ids.iter().filter(|&&e| e < self.num_experts) {
+            if st.map[layer][e].is_some() {
+                continue;
+            }
+            let Some(slot) = Self::victim(&st) else { break };
+            Self::load(&mut st, slot, layer, e);
+            st.slots[slot].prefetched = true;
+            st.slots[slot].last_use = st.tick;
+            st.stats.prefetches += 1;
+            queued = true;
+        }
+        drop(st);
+        if queued {
+            s.work.notify_all();
+        }
+    }
+
+    fn stats(&self) -> Option<CacheStats> {
+        Some(self.shared.lock().stats)
+    }
+
+    fn capacity(&self) -> usize {
+        self.slots()
+    }
+}
+
+/// A pinned slot, handed to the compute code.
+struct SlotHandle {
+    shared: Arc<Shared>,
+    slot: usize,
+    layer: usize,
+}
+
+impl std::fmt::Debug for SlotHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SlotHandle(layer {}, slot {})", self.layer, self.slot)
+    }
+}
+
+impl ExpertData for SlotHandle {
+    fn wait(&self) -> Result<()> {
+        let mut st = self.shared.lock();
+        loop {
+            match &st.slots[self.slot].status {
+                Status::Ready => return Ok(()),
+                Status::Failed(msg) => {
+                    let msg = msg.clone();
+                    // The failed slot is free again once its pins drop.
+                    return Err(Error::Io {
+                        path: format!("layer {}", self.layer).into(),
+                        source: std::io::Error::other(msg),
+                    });
+                }
+                _ => {
+                    st = self
+                        .shared
+                        .loaded
+                        .wait(st)
+                        .unwrap_or_else(|p| p.into_inner())
+                }
+            }
+        }
+    }
+
+    fn view(&self) -> ExpertView<'_> {
+        // Never hand out a buffer an I/O thread may still be writing; callers that skipped
+        // `wait` block here (a failed read leaves stale bytes, which `wait` reports).
+        let mut st = self.shared.lock();
+        while st.slots[self.slot].status == Status::Loading {
+            st = self
+                .shared
+                .loaded
+                .wait(st)
+                .unwrap_or_else(|p| p.into_inner());
+        }
+        drop(st);
+        // SAFETY: the slot is pinned by this handle and not Loading, so no I/O thread writes
+        // it until the pin is released; a shared borrow for the handle's life is sound.
+        let buf = unsafe { &*self.shared.bufs[self.slot].0.get() };
+        self.shared.layouts[self.layer].view(buf)
+    }
+}
+
+impl Drop for SlotHandle {
+    fn drop(&mut self) {
+        let mut st = self.shared.lock();
+        let meta = &mut st.slots[self.slot];
+        meta.pins = meta.pins.saturating_sub(1);
+        if meta.pins == 0 && matches!(meta.status, Status::Failed(_)) {
+            meta.status = Status::Empty;
+        }
+    }
+}

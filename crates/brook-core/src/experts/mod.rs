@@ -1,0 +1,8 @@
+//! Streaming routed experts from the SSD: the store (direct reads), the cache (slots, LFU,
+//! I/O threads) and the memory budget that sizes it.
+
+pub mod budget;
+pub mod cache;
+pub mod store;
+
+pub use cache::{CacheStats, ExpertCache};

@@ -1,0 +1,138 @@
+//! Reading expert blobs from a container's layer files: one `pread` of one stride per expert,
+//! with O_DIRECT where the filesystem allows it.
+//!
+//! At open each layer file is probed with an aligned direct read; where that is refused
+//! (tmpfs, some network filesystems) the store falls back to buffered reads followed by
+//! `posix_fadvise(DONTNEED)` so streamed experts do not fill the page cache. No expert data is
+//! ever mmapped. Files that shrink or disappear while open give an error naming the file.
+
+use std::fs::File;
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+use crate::aligned::AlignedBuf;
+use crate::container::Container;
+use crate::error::{Error, Result};
+
+#[derive(Debug)]
+struct LayerFile {
+    path: PathBuf,
+    file: File,
+    stride: u64,
+    expected_len: u64,
+}
+
+/// Open handles on every layer file of a container.
+#[derive(Debug)]
+pub struct ExpertStore {
+    layers: Vec<LayerFile>,
+    /// Whether reads bypass the page cache.
+    pub direct: bool,
+}
+
+impl ExpertStore {
+    /// Opens every layer file of `c`, direct if possible.
+    pub fn open(c: &Container) -> Result<Self> {
+        let n = c.manifest.experts.num_experts as u64;
+        let mut direct = true;
+        let mut layers = Vec::new();
+        for (l, info) in c.manifest.experts.layers.iter().enumerate() {
+            let path = c.layer_path(l);
+            let mut file = None;
+            if direct {
+                match open_direct(&path, info.stride) {
+                    Some(f) => file = Some(f),
+                    None => {
+                        tracing::info!(
+                            "{}: O_DIRECT refused; using buffered reads",
+                            path.display()
+                        );
+                        direct = false;
+                    }
+                }
+            }
+            let file = match file {
+                Some(f) => f,
+                None => File::open(&path).map_err(|e| Error::io(&path, e))?,
+            };
+            layers.push(LayerFile {
+                path,
+                file,
+                stride: info.stride,
+                expected_len: info.stride * n,
+            });
+        }
+        if !direct {
+            // Reopen any layer opened direct before the probe failed, so all reads agree.
+            for lf in &mut layers {
+                lf.file = File::open(&lf.path).map_err(|e| Error::io(&lf.path, e))?;
+            }
+        }
+        Ok(ExpertStore { layers, direct })
+    }
+
+    /// Reads expert `e` of `layer` into `buf` (one stride, page-aligned).
+    pub fn read(&self, layer: usize, e: usize, buf: &mut AlignedBuf) -> Result<()> {
+        let lf = &self.layers[layer];
+        let off = e as u64 * lf.stride;
+        let n = lf.stride as usize;
+        let mut done = 0;
+        while done < n {
+            match lf.file.read_at(&mut buf[done..n], off + done as u64) {
+                Ok(0) => return Err(self.vanished(lf, "ended early")),
+                Ok(k) => done += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(Error::io(&lf.path, e)),
+            }
+        }
+        if !self.direct {
+            // SAFETY: fd is open for the life of `lf`; the advice has no memory effects on us.
+            unsafe {
+                libc::posix_fadvise(
+                    lf.file.as_raw_fd(),
+                    off as libc::off_t,
+                    n as libc::off_t,
+                    libc::POSIX_FADV_DONTNEED,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks that `layer`'s file still exists with its full length.
+    pub fn check(&self, layer: usize) -> Result<()> {
+        let lf = &self.layers[layer];
+        let m = lf.file.metadata().map_err(|e| Error::io(&lf.path, e))?;
+        if m.nlink() == 0 {
+            return Err(self.vanished(lf, "was deleted"));
+        }
+        if m.len() < lf.expected_len {
+            return Err(self.vanished(lf, "shrank"));
+        }
+        Ok(())
+    }
+
+    fn vanished(&self, lf: &LayerFile, what: &str) -> Error {
+        Error::Io {
+            path: lf.path.clone(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                format!(
+                    "expert layer file {what} while the model was running; re-run `brook repack` or `brook verify`"
+                ),
+            ),
+        }
+    }
+}
+
+fn open_direct(path: &std::path::Path, stride: u64) -> Option<File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(path)
+        .ok()?;
+    let mut probe = AlignedBuf::zeroed(stride.min(crate::aligned::ALIGN as u64 * 4) as usize);
+    f.read_at(&mut probe, 0).ok()?;
+    Some(f)
+}

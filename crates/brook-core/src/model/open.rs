@@ -1,0 +1,202 @@
+//! Opening a model under a memory budget: resident dense core, experts resident or streamed.
+//!
+//! The budget is split before anything large is allocated (see [`crate::experts::budget`]): a
+//! budget that cannot hold the dense core is refused naming the minimum; one that holds every
+//! expert loads them all and nothing streams; anything between gets a cache of as many slots
+//! as fit.
+
+use std::path::Path;
+
+use crate::checkpoint::Checkpoint;
+use crate::config::{LayerKind, ModelConfig};
+use crate::container::{self, Container};
+use crate::error::{Error, Result};
+use crate::experts::ExpertCache;
+use crate::experts::budget::{self, Plan};
+use crate::experts::store::ExpertStore;
+use crate::model::Model;
+use crate::model::delta_net::DeltaMode;
+use crate::model::moe::ExpertHandle;
+use crate::model::weights::Loader;
+
+/// How to open a model.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Hard ceiling on the process's memory; `None` sizes from the cgroup and free memory.
+    pub memory_budget: Option<u64>,
+    /// Exact number of expert slots (overrides the budget's choice).
+    pub expert_cache: Option<usize>,
+    /// Longest sequence the state is sized for.
+    pub context: usize,
+    /// Tokens per prefill chunk.
+    pub prefill_chunk: usize,
+    /// Reader threads for expert misses.
+    pub io_threads: usize,
+    /// Start reads for the next layer's likely experts early (an experiment; see BENCH.md).
+    pub prefetch: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            memory_budget: None,
+            expert_cache: None,
+            context: 4096,
+            prefill_chunk: 256,
+            io_threads: 8,
+            prefetch: false,
+        }
+    }
+}
+
+/// Bytes of per-sequence state and scratch for `context` tokens and prefill chunks of `chunk`.
+pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
+    let full = cfg
+        .layer_types
+        .iter()
+        .filter(|k| **k == LayerKind::Full)
+        .count();
+    let linear = cfg.num_hidden_layers - full;
+    let kv = full * context * 2 * cfg.num_key_value_heads * cfg.head_dim * 4;
+    let delta = linear
+        * (cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
+            + (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim())
+        * 4;
+    let (h, conv) = (cfg.hidden_size, cfg.conv_dim());
+    let vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
+    let qd = cfg.num_attention_heads * cfg.head_dim * 3;
+    let per_token = 8 * h + 4 * conv + 5 * vd + qd + context.min(chunk + 1) + cfg.num_experts;
+    let scratch = chunk * per_token * 4 + 3 * cfg.vocab_size * 4;
+    (kv + delta + scratch) as u64
+}
+
+impl Model {
+    /// Opens a container (streaming experts as the budget requires) or an MLX checkpoint
+    /// (every expert resident; repack it to stream).
+    pub fn open_with(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        let baseline = budget::rss().0;
+        if !container::is_container(dir) {
+            let ck = Checkpoint::open(dir)?;
+            if let Some(b) = opts.memory_budget {
+                let need = baseline
+                    + ck.files()
+                        .iter()
+                        .map(|f| f.file_len().unwrap_or(0))
+                        .sum::<u64>();
+                if need > b {
+                    return Err(Error::Invalid(format!(
+                        "{} is an MLX checkpoint, which brook loads whole ({} > budget {}); run `brook repack {} OUT` and open the container to stream experts under a budget",
+                        dir.display(),
+                        budget::fmt_bytes(need),
+                        budget::fmt_bytes(b),
+                        dir.display()
+                    )));
+                }
+            }
+            let mut m = Model::load_resident(&ck, ck.config.clone())?;
+            m.prefetch = opts.prefetch;
+            m.prefill_chunk = opts.prefill_chunk;
+            return Ok(m);
+        }
+        let c = Container::open(dir)?;
+        let cfg = c.config.clone();
+        let ex = &c.manifest.experts;
+        let total = cfg.num_hidden_layers * cfg.num_experts;
+        let stride = ex.layers.iter().map(|l| l.stride).max().unwrap_or(0);
+        let budget = opts.memory_budget.or_else(budget::automatic_budget);
+        let slots = match (opts.expert_cache, budget) {
+            (Some(n), _) => n.clamp(1, total),
+            (None, Some(b)) => {
+                let dense = c.manifest.dense.size + c.manifest.dense.size / 50;
+                let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);
+                Plan::new(
+                    b,
+                    baseline,
+                    dense,
+                    state,
+                    stride,
+                    cfg.num_experts_per_tok,
+                    total,
+                )?
+                .slots
+            }
+            (None, None) => total,
+        };
+        if slots < cfg.num_experts_per_tok {
+            tracing::warn!(
+                "{slots} expert slots is fewer than top-k {}: every layer will read in several batches",
+                cfg.num_experts_per_tok
+            );
+        }
+        let dense = Loader::new(&c, &cfg).dense()?;
+        let store = ExpertStore::open(&c)?;
+        let experts: Box<dyn crate::model::moe::ExpertSource> = if slots >= total {
+            tracing::info!("budget holds every expert: loading all {total} resident");
+            let cache = ExpertCache::new(
+                store,
+                c.layouts.clone(),
+                stride as usize,
+                cfg.num_experts,
+                total,
+                opts.io_threads,
+            );
+            // Load everything through the cache once; with a slot per expert nothing is evicted.
+            let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+            for l in 0..cfg.num_hidden_layers {
+                let ids: Vec<usize> = (0..cfg.num_experts).collect();
+                let handles = crate::model::moe::ExpertSource::fetch(&cache, l, &ids)?;
+                for h in &handles {
+                    h.wait()?;
+                }
+                layers.push(handles);
+            }
+            Box::new(ResidentCache { cache, layers })
+        } else {
+            tracing::info!(
+                "streaming experts through {slots} slots of {} ({} of {total})",
+                budget::fmt_bytes(stride),
+                slots
+            );
+            Box::new(ExpertCache::new(
+                store,
+                c.layouts.clone(),
+                stride as usize,
+                cfg.num_experts,
+                slots,
+                opts.io_threads,
+            ))
+        };
+        Ok(Model {
+            cfg,
+            dense,
+            experts,
+            delta_mode: DeltaMode::Auto,
+            prefetch: opts.prefetch,
+            prefill_chunk: opts.prefill_chunk,
+        })
+    }
+}
+
+/// Every expert loaded once into a cache with a slot each, and held (pinned) for good.
+#[derive(Debug)]
+struct ResidentCache {
+    cache: ExpertCache,
+    layers: Vec<Vec<ExpertHandle>>,
+}
+
+impl crate::model::moe::ExpertSource for ResidentCache {
+    fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
+        ids.iter()
+            .map(|&e| {
+                self.layers
+                    .get(layer)
+                    .and_then(|l| l.get(e))
+                    .cloned()
+                    .ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))
+            })
+            .collect()
+    }
+    fn stats(&self) -> Option<crate::experts::CacheStats> {
+        crate::model::moe::ExpertSource::stats(&self.cache)
+    }
+}

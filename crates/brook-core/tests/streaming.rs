@@ -1,0 +1,181 @@
+//! Streaming experts through the cache: results never depend on the cache size, prefill reads
+//! each needed expert once per chunk, budgets are enforced, and I/O errors reach the caller.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use brook_core::container::layer_file;
+use brook_core::container::repack::{RepackSource, repack};
+use brook_core::model::open::OpenOptions;
+use brook_core::{Checkpoint, Logits, Model, Stage};
+use common::{MODELS, Reference, argmax, fixture};
+
+fn container(name: &str, out: &Path) {
+    let ck = Checkpoint::open(&fixture(name)).expect("open");
+    repack(
+        &RepackSource::from_checkpoint(&ck).expect("src"),
+        out,
+        &mut |_| {},
+    )
+    .expect("repack");
+}
+
+fn open(dir: &Path, slots: usize) -> Model {
+    let opts = OpenOptions {
+        expert_cache: Some(slots),
+        io_threads: 3,
+        ..Default::default()
+    };
+    Model::open_with(dir, &opts).expect("open")
+}
+
+/// Logits of the prompt then 8 greedy steps.
+fn run(m: &Model, tokens: &[u32]) -> Vec<Vec<f32>> {
+    let mut st = m.new_state();
+    let mut out = vec![
+        m.forward(&mut st, tokens, Logits::All, None)
+            .expect("prefill"),
+    ];
+    let v = m.cfg.vocab_size;
+    for _ in 0..8 {
+        let last = &out.last().expect("some")[..];
+        let next = argmax(&last[last.len() - v..]);
+        out.push(
+            m.forward(&mut st, &[next], Logits::Last, None)
+                .expect("step"),
+        );
+    }
+    out
+}
+
+#[test]
+fn output_is_bit_identical_for_every_cache_size() {
+    for name in MODELS {
+        let dir = tempfile::tempdir().expect("tmp");
+        let c = dir.path().join("c");
+        container(name, &c);
+        let tokens = Reference::open(name).ids("tokens");
+        let want = run(&Model::open(&fixture(name)).expect("resident"), &tokens);
+        // top-k (3), fewer than top-k, half of the 32 experts, and all of them.
+        for slots in [3, 2, 16, 32] {
+            for prefetch in [false, true] {
+                let mut m = open(&c, slots);
+                m.prefetch = prefetch;
+                assert_eq!(
+                    run(&m, &tokens),
+                    want,
+                    "{name}: {slots} slots, prefetch {prefetch}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn chunked_prefill_reads_each_needed_expert_once_per_chunk() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    container("qwen35-q4", &c);
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 97 + 13) % 1003).collect();
+    for chunk in [40, 16, 7] {
+        let mut m = open(&c, 3); // far fewer slots than a chunk needs
+        m.prefill_chunk = chunk;
+        let mut needed: Vec<Vec<BTreeSet<usize>>> = Vec::new(); // [chunk][layer]
+        let mut layer_of_chunk = 0;
+        let before = m.experts.stats().expect("cache stats");
+        let mut st = m.new_state();
+        m.forward(
+            &mut st,
+            &tokens,
+            Logits::Last,
+            Some(&mut |s: Stage<'_>| {
+                if let Stage::Routes(l, routes) = s {
+                    if l == 0 {
+                        needed.push(vec![BTreeSet::new(); 4]);
+                        layer_of_chunk = needed.len() - 1;
+                    }
+                    for r in routes {
+                        needed[layer_of_chunk][l].extend(r.experts.iter().copied());
+                    }
+                }
+            }),
+        )
+        .expect("forward");
+        let stats = m.experts.stats().expect("stats").since(&before);
+        let distinct: usize = needed.iter().flatten().map(BTreeSet::len).sum();
+        assert_eq!(needed.len(), tokens.len().div_ceil(chunk));
+        assert_eq!(
+            stats.reads as usize,
+            distinct - stats.hits as usize,
+            "chunk {chunk}"
+        );
+        assert!(stats.reads as usize <= distinct, "chunk {chunk}: {stats:?}");
+    }
+}
+
+#[test]
+fn budget_too_small_for_the_dense_core_is_refused_before_loading() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    container("next-q8", &c);
+    let opts = OpenOptions {
+        memory_budget: Some(1 << 20),
+        ..Default::default()
+    };
+    let e = Model::open_with(&c, &opts).expect_err("refused");
+    assert!(e.to_string().contains("at least"), "{e}");
+    // A checkpoint folder cannot stream: a budget below its size says to repack.
+    let e = Model::open_with(&fixture("next-q8"), &opts).expect_err("refused");
+    assert!(e.to_string().contains("brook repack"), "{e}");
+}
+
+#[test]
+fn a_budget_that_holds_everything_streams_nothing_after_open() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    container("next-q4", &c);
+    let opts = OpenOptions {
+        memory_budget: Some(8 << 30),
+        ..Default::default()
+    };
+    let m = Model::open_with(&c, &opts).expect("open");
+    let before = m.experts.stats().expect("stats");
+    assert_eq!(before.reads, 32, "all experts loaded at open");
+    run(&m, &Reference::open("next-q4").ids("tokens"));
+    assert_eq!(m.experts.stats().expect("stats").reads, 32);
+}
+
+#[test]
+fn a_layer_file_that_shrinks_or_disappears_gives_an_error_not_a_crash() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    container("qwen35-q8", &c);
+    let tokens = Reference::open("qwen35-q8").ids("tokens");
+    let m = open(&c, 3);
+    let mut st = m.new_state();
+    m.forward(&mut st, &tokens[..4], Logits::Last, None)
+        .expect("healthy");
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(c.join(layer_file(1)))
+        .expect("open");
+    f.set_len(100).expect("truncate");
+    let e = m
+        .forward(&mut st, &tokens, Logits::Last, None)
+        .expect_err("must fail");
+    assert!(
+        e.to_string().contains("layer-001.bin") || e.to_string().contains("shrank"),
+        "{e}"
+    );
+    // A fresh model on a container whose layer file is deleted mid-run.
+    let c2 = dir.path().join("c2");
+    container("qwen35-q8", &c2);
+    let m = open(&c2, 3);
+    std::fs::remove_file(c2.join(layer_file(2))).expect("rm");
+    let e = m
+        .forward(&mut m.new_state(), &tokens, Logits::Last, None)
+        .expect_err("must fail");
+    assert!(e.to_string().contains("deleted"), "{e}");
+}
