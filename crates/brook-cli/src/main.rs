@@ -24,6 +24,7 @@ enum Command {
     Repack(cmd::repack::Args),
     Verify(cmd::verify::Args),
     Synth(cmd::synth::Args),
+    Bench(cmd::bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -38,6 +39,7 @@ fn main() -> ExitCode {
         Command::Repack(a) => cmd::repack::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Bench(a) => cmd::bench::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,6 @@
 //! One module per subcommand, plus what they share.
 
+pub mod bench;
 pub mod generate;
 pub mod logits;
 pub mod repack;
@@ -98,4 +99,64 @@ impl ModelArgs {
     pub fn open(&self) -> Result<brook_core::Model> {
         Ok(brook_core::Model::open_with(&self.model, &self.options()?)?)
     }
+}
+
+/// Runs forward passes with the compute path the flags chose.
+pub struct Runner<'m> {
+    model: &'m brook_core::Model,
+}
+
+impl std::fmt::Debug for Runner<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Runner")
+    }
+}
+
+impl<'m> Runner<'m> {
+    pub fn new(model: &'m brook_core::Model, _args: &ModelArgs) -> Result<Self> {
+        Ok(Runner { model })
+    }
+
+    pub fn forward(
+        &mut self,
+        state: &mut brook_core::model::state::SeqState,
+        tokens: &[u32],
+        want: brook_core::Logits,
+    ) -> Result<Vec<f32>> {
+        Ok(self.model.forward(state, tokens, want, None)?)
+    }
+}
+
+/// Memory read bandwidth in GB/s, measured by summing the model's own largest resident weight
+/// (the output head) with `threads` threads, so the test allocates nothing.
+pub fn memory_bandwidth(model: &brook_core::Model, threads: usize) -> f64 {
+    use brook_core::linear::Weights;
+    let bytes: &[u8] = match &model.dense.lm_head.weights {
+        Weights::Float { data, .. } => data,
+        Weights::Affine { packed, .. } => packed,
+    };
+    let threads = threads.max(1);
+    let part = bytes.len().div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = std::time::Instant::now();
+        let sum: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = bytes
+                .chunks(part.max(1))
+                .map(|c| {
+                    s.spawn(move || {
+                        let mut acc = 0u64;
+                        for w in c.chunks_exact(8) {
+                            acc = acc.wrapping_add(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+                        }
+                        acc
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(sum);
+        best = best.max(bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
 }

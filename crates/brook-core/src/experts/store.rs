@@ -136,3 +136,43 @@ fn open_direct(path: &std::path::Path, stride: u64) -> Option<File> {
     f.read_at(&mut probe, 0).ok()?;
     Some(f)
 }
+
+impl ExpertStore {
+    /// Measures this disk's read bandwidth for the access pattern of cache misses: random
+    /// whole-expert reads from every layer file, `threads` at a time, for about `secs`
+    /// seconds. Returns bytes per second.
+    pub fn measure_bandwidth(&self, threads: usize, secs: f64) -> Result<f64> {
+        let stop = std::time::Instant::now() + std::time::Duration::from_secs_f64(secs);
+        let start = std::time::Instant::now();
+        let total = std::sync::atomic::AtomicU64::new(0);
+        let failed = std::sync::Mutex::new(None);
+        std::thread::scope(|scope| {
+            for t in 0..threads.max(1) {
+                let (total, failed) = (&total, &failed);
+                scope.spawn(move || {
+                    let max_stride = self.layers.iter().map(|l| l.stride).max().unwrap_or(0);
+                    let mut buf = AlignedBuf::zeroed(max_stride as usize);
+                    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ t as u64;
+                    while std::time::Instant::now() < stop {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let layer = (x % self.layers.len() as u64) as usize;
+                        let lf = &self.layers[layer];
+                        let n = (lf.expected_len / lf.stride.max(1)).max(1);
+                        let e = ((x >> 20) % n) as usize;
+                        if let Err(err) = self.read(layer, e, &mut buf) {
+                            *failed.lock().unwrap_or_else(|p| p.into_inner()) = Some(err);
+                            return;
+                        }
+                        total.fetch_add(lf.stride, std::sync::atomic::Ordering::Relaxed);
+                    }
+                });
+            }
+        });
+        if let Some(err) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(err);
+        }
+        Ok(total.into_inner() as f64 / start.elapsed().as_secs_f64())
+    }
+}

@@ -1,0 +1,333 @@
+//! `brook bench`: llama-bench-style speed rows plus what streaming needs to be judged by:
+//! time to first token, peak RSS, expert-cache hit rate, bytes read per token, achieved and
+//! measured disk bandwidth, and the ratio of decode speed to the disk/memory limit.
+//!
+//! A list of budgets or thread counts runs each combination in a child process, so each row's
+//! peak RSS is its own.
+
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use brook_core::Logits;
+use brook_core::experts::budget::{self, fmt_bytes};
+use serde::{Deserialize, Serialize};
+
+/// Measure prefill and decode speed, memory and I/O.
+#[derive(Debug, clap::Args)]
+#[command(after_help = "Examples:\n  brook bench --model ./q36.brook --memory-budget 3GiB\n  brook bench --model ./q36.brook --memory-budget 2GiB,3GiB,4GiB,8GiB -r 3 --json")]
+pub struct Args {
+    #[command(flatten)]
+    model: super::ModelArgs,
+    /// Prompt tokens of the prefill test (0 skips it).
+    #[arg(short = 'p', long, default_value_t = 512)]
+    n_prompt: usize,
+    /// Generated tokens of the decode test (0 skips it).
+    #[arg(short = 'n', long, default_value_t = 128)]
+    n_gen: usize,
+    /// Repetitions of each test.
+    #[arg(short = 'r', long, default_value_t = 3)]
+    repetitions: usize,
+    /// Seconds spent measuring the disk's own read bandwidth (0 skips it).
+    #[arg(long, default_value_t = 3.0)]
+    disk_secs: f64,
+    /// One JSON object per configuration instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+/// One configuration's results.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Row {
+    pub model: String,
+    pub model_bytes: u64,
+    pub budget_bytes: Option<u64>,
+    pub threads: usize,
+    pub prefetch: bool,
+    pub expert_slots: Option<usize>,
+    pub n_prompt: usize,
+    pub n_gen: usize,
+    pub pp_tok_s: f64,
+    pub pp_tok_s_sd: f64,
+    pub tg_tok_s: f64,
+    pub tg_tok_s_sd: f64,
+    pub ttft_s: f64,
+    pub peak_rss_bytes: u64,
+    pub hit_rate: f64,
+    pub bytes_read_per_token: f64,
+    /// Achieved read bandwidth while reads were in flight during decode.
+    pub disk_gb_s: f64,
+    /// The disk's own bandwidth for whole-expert random reads, measured in this run.
+    pub disk_bw_gb_s: f64,
+    /// Memory read bandwidth measured over the resident weights in this run.
+    pub mem_bw_gb_s: f64,
+    /// Weight bytes one decoded token touches.
+    pub bytes_touched_per_token: f64,
+    /// Decode limit from disk and memory bandwidth.
+    pub limit_tok_s: f64,
+    pub open_s: f64,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let budgets: Vec<Option<String>> = match &a.model.memory_budget {
+        Some(b) => b.split(',').map(|s| Some(s.trim().to_string())).collect(),
+        None => vec![None],
+    };
+    let threads: Vec<Option<usize>> = match &a.model.threads {
+        Some(t) => vec![Some(*t)],
+        None => vec![None],
+    };
+    let rows = if budgets.len() > 1 {
+        let mut rows = Vec::new();
+        for b in &budgets {
+            for t in &threads {
+                rows.push(run_child(&a, b.as_deref(), *t)?);
+                if !a.json {
+                    eprintln!("done: budget {}", b.as_deref().unwrap_or("auto"));
+                }
+            }
+        }
+        rows
+    } else {
+        vec![run_one(&a)?]
+    };
+    if a.json {
+        for r in &rows {
+            println!("{}", serde_json::to_string(r)?);
+        }
+    } else {
+        print_tables(&rows);
+    }
+    Ok(())
+}
+
+fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<Row> {
+    let exe = std::env::current_exe().context("finding the brook binary")?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("bench").arg("--model").arg(&a.model.model).arg("--json");
+    cmd.args(["-p", &a.n_prompt.to_string(), "-n", &a.n_gen.to_string()]);
+    cmd.args(["-r", &a.repetitions.to_string(), "--disk-secs", &a.disk_secs.to_string()]);
+    cmd.args(["--context", &a.model.context.to_string(), "--backend", &a.model.backend]);
+    if let Some(b) = budget {
+        cmd.args(["--memory-budget", b]);
+    }
+    if let Some(t) = threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    if let Some(n) = a.model.expert_cache {
+        cmd.args(["--expert-cache", &n.to_string()]);
+    }
+    if a.model.prefetch {
+        cmd.arg("--prefetch");
+    }
+    let out = cmd.output().context("running a bench child")?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "bench with budget {} failed: {}",
+            budget.unwrap_or("auto"),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+fn mean_sd(v: &[f64]) -> (f64, f64) {
+    if v.is_empty() {
+        return (0.0, 0.0);
+    }
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64;
+    (m, var.sqrt())
+}
+
+fn run_one(a: &Args) -> Result<Row> {
+    let t0 = Instant::now();
+    let opts = a.model.options()?;
+    let model = brook_core::Model::open_with(&a.model.model, &opts)?;
+    let open_s = t0.elapsed().as_secs_f64();
+    let cfg = model.cfg.clone();
+    let threads = a.model.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let mut runner = super::Runner::new(&model, &a.model)?;
+
+    let container = brook_core::container::is_container(&a.model.model);
+    let (model_bytes, expert_bytes) = model_sizes(&a.model.model)?;
+    let disk_bw = if container && a.disk_secs > 0.0 {
+        let c = brook_core::container::Container::open(&a.model.model)?;
+        brook_core::experts::store::ExpertStore::open(&c)?.measure_bandwidth(8, a.disk_secs)?
+    } else {
+        0.0
+    };
+    let mem_bw = super::memory_bandwidth(&model, threads);
+
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut token = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        (rng % cfg.vocab_size as u64) as u32
+    };
+    // Warm-up: one short prefill and a few steps (not counted).
+    {
+        let mut st = model.new_state();
+        let p: Vec<u32> = (0..8).map(|_| token()).collect();
+        runner.forward(&mut st, &p, Logits::Last)?;
+        for _ in 0..2 {
+            let t = token();
+            runner.forward(&mut st, &[t], Logits::Last)?;
+        }
+    }
+    let mut pp = Vec::new();
+    let mut ttft = Vec::new();
+    if a.n_prompt > 0 {
+        for _ in 0..a.repetitions {
+            let prompt: Vec<u32> = (0..a.n_prompt).map(|_| token()).collect();
+            let mut st = model.new_state();
+            let t = Instant::now();
+            let logits = runner.forward(&mut st, &prompt, Logits::Last)?;
+            let _first = argmax(&logits);
+            let secs = t.elapsed().as_secs_f64();
+            ttft.push(secs);
+            pp.push(a.n_prompt as f64 / secs);
+        }
+    }
+    let mut tg = Vec::new();
+    let before = model.experts.stats();
+    let mut steps = 0u64;
+    if a.n_gen > 0 {
+        for _ in 0..a.repetitions {
+            let mut st = model.new_state();
+            let first = token();
+            let mut logits = runner.forward(&mut st, &[first], Logits::Last)?;
+            let t = Instant::now();
+            for _ in 0..a.n_gen {
+                let next = argmax(&logits);
+                logits = runner.forward(&mut st, &[next], Logits::Last)?;
+            }
+            tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
+            steps += a.n_gen as u64 + 1;
+        }
+    }
+    let delta = match (model.experts.stats(), before) {
+        (Some(after), Some(before)) => Some(after.since(&before)),
+        _ => None,
+    };
+    let (_, peak) = budget::rss();
+    let (pp_m, pp_sd) = mean_sd(&pp);
+    let (tg_m, tg_sd) = mean_sd(&tg);
+    let per_tok = |v: u64| if steps == 0 { 0.0 } else { v as f64 / steps as f64 };
+    let bytes_read_per_token = delta.map_or(0.0, |d| per_tok(d.bytes_read));
+    let expert_bytes_one = expert_bytes as f64 / (cfg.num_experts * cfg.num_hidden_layers) as f64;
+    let embed = (model.dense.embed_tokens.nbytes()) as f64;
+    let dense_bytes = dense_bytes(&model) as f64 - embed;
+    let touched = dense_bytes + (cfg.num_experts_per_tok * cfg.num_hidden_layers) as f64 * expert_bytes_one;
+    let mut limit_s = touched / (mem_bw * 1e9).max(1.0);
+    if disk_bw > 0.0 {
+        limit_s = limit_s.max(bytes_read_per_token / disk_bw);
+    }
+    Ok(Row {
+        model: a.model.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        model_bytes,
+        budget_bytes: opts.memory_budget,
+        threads,
+        prefetch: opts.prefetch,
+        expert_slots: model.experts.stats().map(|_| model.experts.capacity()).filter(|&c| c != usize::MAX),
+        n_prompt: a.n_prompt,
+        n_gen: a.n_gen,
+        pp_tok_s: pp_m,
+        pp_tok_s_sd: pp_sd,
+        tg_tok_s: tg_m,
+        tg_tok_s_sd: tg_sd,
+        ttft_s: mean_sd(&ttft).0,
+        peak_rss_bytes: peak,
+        hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
+        bytes_read_per_token,
+        disk_gb_s: delta.map_or(0.0, |d| d.read_gb_s()),
+        disk_bw_gb_s: disk_bw / 1e9,
+        mem_bw_gb_s: mem_bw,
+        bytes_touched_per_token: touched,
+        limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
+        open_s,
+    })
+}
+
+/// Total model bytes and routed-expert bytes (container layer files, or checkpoint files).
+fn model_sizes(dir: &std::path::Path) -> Result<(u64, u64)> {
+    if brook_core::container::is_container(dir) {
+        let c = brook_core::container::Container::open(dir)?;
+        let n = c.manifest.experts.num_experts as u64;
+        let experts: u64 = c.manifest.experts.layers.iter().map(|l| l.blob_size * n).sum();
+        Ok((c.manifest.dense.size + experts, experts))
+    } else {
+        let ck = brook_core::Checkpoint::open(dir)?;
+        let total: u64 = ck.files().iter().map(|f| f.file_len().unwrap_or(0)).sum();
+        let experts: u64 = ck
+            .tensor_names()
+            .filter(|n| n.contains(".switch_mlp."))
+            .filter_map(|n| brook_core::TensorStore::info(&ck, n).map(|i| i.len))
+            .sum();
+        Ok((total, experts))
+    }
+}
+
+fn dense_bytes(m: &brook_core::Model) -> usize {
+    let mut total = m.dense.embed_tokens.nbytes() + m.dense.lm_head.nbytes();
+    for l in &m.dense.layers {
+        use brook_core::model::weights::Mixer;
+        total += match &l.mixer {
+            Mixer::Linear(w) => {
+                w.in_proj_qkv.nbytes() + w.in_proj_z.nbytes() + w.in_proj_b.nbytes() + w.in_proj_a.nbytes() + w.out_proj.nbytes()
+            }
+            Mixer::Full(w) => w.q_proj.nbytes() + w.k_proj.nbytes() + w.v_proj.nbytes() + w.o_proj.nbytes(),
+        };
+        let e = &l.mlp.shared_expert;
+        total += l.mlp.gate.nbytes() + l.mlp.shared_expert_gate.nbytes() + e.gate_proj.nbytes() + e.up_proj.nbytes() + e.down_proj.nbytes();
+    }
+    total
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn print_tables(rows: &[Row]) {
+    println!("| model | size | budget | threads | slots | test | t/s |");
+    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        let budget = r.budget_bytes.map_or("auto".to_string(), fmt_bytes);
+        let slots = r.expert_slots.map_or("all".to_string(), |s| s.to_string());
+        for (test, m, sd) in [
+            (format!("pp{}", r.n_prompt), r.pp_tok_s, r.pp_tok_s_sd),
+            (format!("tg{}", r.n_gen), r.tg_tok_s, r.tg_tok_s_sd),
+        ] {
+            println!(
+                "| {} | {} | {budget} | {} | {slots} | {test} | {m:.2} ± {sd:.2} |",
+                r.model,
+                fmt_bytes(r.model_bytes),
+                r.threads
+            );
+        }
+    }
+    println!();
+    println!("| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        println!(
+            "| {} | {:.2} | {} | {:.1}% | {:.3} | {:.2} / {:.2} | {:.1} | {:.2} | {:.0}% |",
+            r.budget_bytes.map_or("auto".to_string(), fmt_bytes),
+            r.ttft_s,
+            fmt_bytes(r.peak_rss_bytes),
+            r.hit_rate * 100.0,
+            r.bytes_read_per_token / 1e9,
+            r.disk_gb_s,
+            r.disk_bw_gb_s,
+            r.mem_bw_gb_s,
+            r.limit_tok_s,
+            if r.limit_tok_s > 0.0 { r.tg_tok_s / r.limit_tok_s * 100.0 } else { 0.0 }
+        );
+    }
+}
