@@ -54,7 +54,7 @@ fn main() -> ExitCode {
 fn exit_code(e: &anyhow::Error) -> u8 {
     use brook_core::Error as E;
     match e.downcast_ref::<E>() {
-        Some(E::Invalid(_)) => 2,
+        Some(E::Invalid(_) | E::Text(_)) => 2,
         Some(
             E::Safetensors { .. }
             | E::Json { .. }

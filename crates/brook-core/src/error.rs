@@ -72,6 +72,10 @@ pub enum Error {
     /// A bad argument passed through the library API (token out of range, empty prompt, ...).
     #[error("{0}")]
     Invalid(String),
+
+    /// Tokenizer, chat template or generation-config trouble.
+    #[error(transparent)]
+    Text(#[from] crate::text::TextError),
 }
 
 impl Error {

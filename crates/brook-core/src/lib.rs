@@ -15,6 +15,7 @@ pub mod linear;
 pub mod model;
 pub mod quant;
 pub mod safetensors;
+pub mod session;
 pub mod synth;
 pub mod text;
 

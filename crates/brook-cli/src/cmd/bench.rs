@@ -14,7 +14,9 @@ use serde::{Deserialize, Serialize};
 
 /// Measure prefill and decode speed, memory and I/O.
 #[derive(Debug, clap::Args)]
-#[command(after_help = "Examples:\n  brook bench --model ./q36.brook --memory-budget 3GiB\n  brook bench --model ./q36.brook --memory-budget 2GiB,3GiB,4GiB,8GiB -r 3 --json")]
+#[command(
+    after_help = "Examples:\n  brook bench --model ./q36.brook --memory-budget 3GiB\n  brook bench --model ./q36.brook --memory-budget 2GiB,3GiB,4GiB,8GiB -r 3 --json"
+)]
 pub struct Args {
     #[command(flatten)]
     model: super::ModelArgs,
@@ -103,10 +105,23 @@ pub fn run(a: Args) -> Result<()> {
 fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<Row> {
     let exe = std::env::current_exe().context("finding the brook binary")?;
     let mut cmd = std::process::Command::new(exe);
-    cmd.arg("bench").arg("--model").arg(&a.model.model).arg("--json");
+    cmd.arg("bench")
+        .arg("--model")
+        .arg(&a.model.model)
+        .arg("--json");
     cmd.args(["-p", &a.n_prompt.to_string(), "-n", &a.n_gen.to_string()]);
-    cmd.args(["-r", &a.repetitions.to_string(), "--disk-secs", &a.disk_secs.to_string()]);
-    cmd.args(["--context", &a.model.context.to_string(), "--backend", &a.model.backend]);
+    cmd.args([
+        "-r",
+        &a.repetitions.to_string(),
+        "--disk-secs",
+        &a.disk_secs.to_string(),
+    ]);
+    cmd.args([
+        "--context",
+        &a.model.context.to_string(),
+        "--backend",
+        &a.model.backend,
+    ]);
     if let Some(b) = budget {
         cmd.args(["--memory-budget", b]);
     }
@@ -145,7 +160,10 @@ fn run_one(a: &Args) -> Result<Row> {
     let model = brook_core::Model::open_with(&a.model.model, &opts)?;
     let open_s = t0.elapsed().as_secs_f64();
     let cfg = model.cfg.clone();
-    let threads = a.model.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let threads = a
+        .model
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut runner = super::Runner::new(&model, &a.model)?;
 
     let container = brook_core::container::is_container(&a.model.model);
@@ -213,23 +231,39 @@ fn run_one(a: &Args) -> Result<Row> {
     let (_, peak) = budget::rss();
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
-    let per_tok = |v: u64| if steps == 0 { 0.0 } else { v as f64 / steps as f64 };
+    let per_tok = |v: u64| {
+        if steps == 0 {
+            0.0
+        } else {
+            v as f64 / steps as f64
+        }
+    };
     let bytes_read_per_token = delta.map_or(0.0, |d| per_tok(d.bytes_read));
     let expert_bytes_one = expert_bytes as f64 / (cfg.num_experts * cfg.num_hidden_layers) as f64;
     let embed = (model.dense.embed_tokens.nbytes()) as f64;
     let dense_bytes = dense_bytes(&model) as f64 - embed;
-    let touched = dense_bytes + (cfg.num_experts_per_tok * cfg.num_hidden_layers) as f64 * expert_bytes_one;
+    let touched =
+        dense_bytes + (cfg.num_experts_per_tok * cfg.num_hidden_layers) as f64 * expert_bytes_one;
     let mut limit_s = touched / (mem_bw * 1e9).max(1.0);
     if disk_bw > 0.0 {
         limit_s = limit_s.max(bytes_read_per_token / disk_bw);
     }
     Ok(Row {
-        model: a.model.model.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+        model: a
+            .model
+            .model
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         model_bytes,
         budget_bytes: opts.memory_budget,
         threads,
         prefetch: opts.prefetch,
-        expert_slots: model.experts.stats().map(|_| model.experts.capacity()).filter(|&c| c != usize::MAX),
+        expert_slots: model
+            .experts
+            .stats()
+            .map(|_| model.experts.capacity())
+            .filter(|&c| c != usize::MAX),
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
         pp_tok_s: pp_m,
@@ -254,7 +288,13 @@ fn model_sizes(dir: &std::path::Path) -> Result<(u64, u64)> {
     if brook_core::container::is_container(dir) {
         let c = brook_core::container::Container::open(dir)?;
         let n = c.manifest.experts.num_experts as u64;
-        let experts: u64 = c.manifest.experts.layers.iter().map(|l| l.blob_size * n).sum();
+        let experts: u64 = c
+            .manifest
+            .experts
+            .layers
+            .iter()
+            .map(|l| l.blob_size * n)
+            .sum();
         Ok((c.manifest.dense.size + experts, experts))
     } else {
         let ck = brook_core::Checkpoint::open(dir)?;
@@ -274,12 +314,22 @@ fn dense_bytes(m: &brook_core::Model) -> usize {
         use brook_core::model::weights::Mixer;
         total += match &l.mixer {
             Mixer::Linear(w) => {
-                w.in_proj_qkv.nbytes() + w.in_proj_z.nbytes() + w.in_proj_b.nbytes() + w.in_proj_a.nbytes() + w.out_proj.nbytes()
+                w.in_proj_qkv.nbytes()
+                    + w.in_proj_z.nbytes()
+                    + w.in_proj_b.nbytes()
+                    + w.in_proj_a.nbytes()
+                    + w.out_proj.nbytes()
             }
-            Mixer::Full(w) => w.q_proj.nbytes() + w.k_proj.nbytes() + w.v_proj.nbytes() + w.o_proj.nbytes(),
+            Mixer::Full(w) => {
+                w.q_proj.nbytes() + w.k_proj.nbytes() + w.v_proj.nbytes() + w.o_proj.nbytes()
+            }
         };
         let e = &l.mlp.shared_expert;
-        total += l.mlp.gate.nbytes() + l.mlp.shared_expert_gate.nbytes() + e.gate_proj.nbytes() + e.up_proj.nbytes() + e.down_proj.nbytes();
+        total += l.mlp.gate.nbytes()
+            + l.mlp.shared_expert_gate.nbytes()
+            + e.gate_proj.nbytes()
+            + e.up_proj.nbytes()
+            + e.down_proj.nbytes();
     }
     total
 }
@@ -313,7 +363,9 @@ fn print_tables(rows: &[Row]) {
         }
     }
     println!();
-    println!("| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit |");
+    println!(
+        "| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit |"
+    );
     println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         println!(
@@ -327,7 +379,11 @@ fn print_tables(rows: &[Row]) {
             r.disk_bw_gb_s,
             r.mem_bw_gb_s,
             r.limit_tok_s,
-            if r.limit_tok_s > 0.0 { r.tg_tok_s / r.limit_tok_s * 100.0 } else { 0.0 }
+            if r.limit_tok_s > 0.0 {
+                r.tg_tok_s / r.limit_tok_s * 100.0
+            } else {
+                0.0
+            }
         );
     }
 }

@@ -147,13 +147,18 @@ pub fn memory_bandwidth(model: &brook_core::Model, threads: usize) -> f64 {
                     s.spawn(move || {
                         let mut acc = 0u64;
                         for w in c.chunks_exact(8) {
-                            acc = acc.wrapping_add(u64::from_le_bytes([w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7]]));
+                            acc = acc.wrapping_add(u64::from_le_bytes([
+                                w[0], w[1], w[2], w[3], w[4], w[5], w[6], w[7],
+                            ]));
                         }
                         acc
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().unwrap_or(0)).fold(0, u64::wrapping_add)
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or(0))
+                .fold(0, u64::wrapping_add)
         });
         std::hint::black_box(sum);
         best = best.max(bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9);

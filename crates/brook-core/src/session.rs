@@ -1,0 +1,663 @@
+//! The library API: open a model with options, hold conversations, stream events.
+//!
+//! An [`Llm`] is a loaded model plus its tokenizer, chat template and generation defaults. A
+//! [`Session`] is one conversation: it keeps the model state between turns, so the next turn
+//! prefills only its new tokens; it streams [`Event`]s (content, reasoning, tool calls, usage,
+//! finish reason); it can be cancelled from another thread through a [`CancelToken`]; and its
+//! state can be saved to a file and restored. It must not know about HTTP or terminals.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::model::Logits;
+use crate::model::Model;
+use crate::model::open::OpenOptions;
+use crate::model::state::SeqState;
+use crate::text::{
+    ChatTemplate, GenerationConfig, Message, Sampler, SamplingParams, StopReason, StreamEvent,
+    StreamOptions, TextStream, Tokenizer, ToolCall, ToolSchemas, prompt_opens_reasoning,
+};
+
+/// A loaded model with everything needed to turn text into tokens and back.
+#[derive(Debug)]
+pub struct Llm {
+    pub model: Model,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub template: Option<ChatTemplate>,
+    pub generation: GenerationConfig,
+    /// Ids that end generation (generation_config's EOS list, then config.json's).
+    pub stop_ids: Vec<u32>,
+    pub dir: PathBuf,
+    pub options: OpenOptions,
+}
+
+/// A flag another thread sets to stop a generation between two tokens.
+#[derive(Debug, Clone, Default)]
+pub struct CancelToken(Arc<AtomicBool>);
+
+impl CancelToken {
+    pub fn new() -> Self {
+        Self::default()
+    }
+    pub fn cancel(&self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.0.load(Ordering::SeqCst)
+    }
+    /// Clears the flag for the next request.
+    pub fn reset(&self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+/// Options of one generation.
+#[derive(Debug, Clone, Default)]
+pub struct GenOptions {
+    /// Sampling; `None` takes generation_config.json's defaults (greedy if it has none).
+    pub sampling: Option<SamplingParams>,
+    /// Most tokens to generate; `None` runs to the context limit.
+    pub max_tokens: Option<usize>,
+    /// Strings that end generation (not included in the output).
+    pub stop: Vec<String>,
+    /// Passed to the chat template (`enable_thinking`); `None` keeps the template's default.
+    pub enable_thinking: Option<bool>,
+    /// Tools offered (OpenAI function schemas), rendered by the template.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Extra template variables.
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    pub cancel: Option<CancelToken>,
+}
+
+/// Why a generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An EOS id or a stop string.
+    Stop,
+    /// `max_tokens` or the context length.
+    Length,
+    /// The model called tools.
+    ToolCalls,
+    /// A [`CancelToken`] fired.
+    Cancelled,
+}
+
+/// Token counts and timings of one generation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose state was reused from earlier turns.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    pub prefill_s: f64,
+    pub decode_s: f64,
+}
+
+/// What a generation streams.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    Content(String),
+    Reasoning(String),
+    ToolCall(ToolCall),
+    Usage(Usage),
+    Finish(FinishReason),
+}
+
+/// The whole result of one turn.
+#[derive(Debug, Clone, Default)]
+pub struct Completion {
+    pub content: String,
+    pub reasoning: String,
+    pub tool_calls: Vec<ToolCall>,
+    pub tokens: Vec<u32>,
+    pub usage: Usage,
+    pub finish: Option<FinishReason>,
+}
+
+impl Llm {
+    /// Opens a container or checkpoint folder; tokenizer and template are optional.
+    pub fn open(dir: &Path, options: OpenOptions) -> Result<Self> {
+        let model = Model::open_with(dir, &options)?;
+        let tokenizer = Tokenizer::from_dir(dir)?.map(Arc::new);
+        let template = ChatTemplate::from_dir(dir)?;
+        let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
+        let tok_eos = template
+            .as_ref()
+            .and_then(|t| t.eos_token.as_deref())
+            .and_then(|e| tokenizer.as_ref().and_then(|t| t.token_to_id(e)));
+        let stop_ids = generation.stop_ids(&model.cfg.eos_token_ids, tok_eos);
+        Ok(Llm {
+            model,
+            tokenizer,
+            template,
+            generation,
+            stop_ids,
+            dir: dir.to_path_buf(),
+            options,
+        })
+    }
+
+    /// A new, empty conversation.
+    pub fn session(&self) -> Session<'_> {
+        Session {
+            llm: self,
+            state: self.model.new_state(),
+            fed: Vec::new(),
+            messages: Vec::new(),
+            text: String::new(),
+            prefilled: 0,
+            snapshot: None,
+            snapshot_at: None,
+        }
+    }
+
+    /// The tokenizer, or an error saying the model folder has none.
+    pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
+        self.tokenizer.as_ref().ok_or_else(|| {
+            Error::Invalid(format!(
+                "{} has no tokenizer.json; text needs one (token ids work without)",
+                self.dir.display()
+            ))
+        })
+    }
+
+    /// Renders a conversation through the chat template.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        opts: &GenOptions,
+        add_generation_prompt: bool,
+    ) -> Result<String> {
+        let t = self.template.as_ref().ok_or_else(|| {
+            Error::Invalid(format!("{} has no chat template", self.dir.display()))
+        })?;
+        let mut extra = opts.template_kwargs.clone();
+        if let Some(th) = opts.enable_thinking {
+            extra.insert("enable_thinking".into(), th.into());
+        }
+        Ok(t.render(
+            messages,
+            opts.tools.as_deref(),
+            add_generation_prompt,
+            &extra,
+        )?)
+    }
+
+    /// Sampling parameters for `opts`.
+    pub fn sampling(&self, opts: &GenOptions) -> SamplingParams {
+        opts.sampling
+            .clone()
+            .unwrap_or_else(|| self.generation.sampling_params())
+    }
+}
+
+/// One conversation with its model state.
+#[derive(Debug)]
+pub struct Session<'a> {
+    llm: &'a Llm,
+    state: SeqState,
+    /// Every token fed into `state`, in order.
+    fed: Vec<u32>,
+    messages: Vec<Message>,
+    /// The text `fed` stands for (rendered prompts and generated replies).
+    text: String,
+    /// Tokens prefilled by the last turn (for tests and stats).
+    prefilled: usize,
+    /// The state at the end of the last turn's messages, before its generation prompt.
+    snapshot: Option<Snapshot>,
+    /// Where (tokens fed, text) the next feed should take that snapshot.
+    snapshot_at: Option<(usize, String)>,
+}
+
+/// A copy of the state at a known point of the conversation.
+#[derive(Debug, Clone)]
+struct Snapshot {
+    state: SeqState,
+    fed: usize,
+    text: String,
+}
+
+impl<'a> Session<'a> {
+    /// The conversation so far.
+    pub fn messages(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// Tokens the model state holds.
+    pub fn tokens(&self) -> &[u32] {
+        &self.fed
+    }
+
+    /// Tokens the last turn had to prefill (the rest came from the kept state).
+    pub fn last_prefill(&self) -> usize {
+        self.prefilled
+    }
+
+    /// Forgets the conversation and the state.
+    pub fn reset(&mut self) {
+        self.state = self.llm.model.new_state();
+        self.fed.clear();
+        self.messages.clear();
+        self.text.clear();
+        self.snapshot = None;
+        self.snapshot_at = None;
+    }
+
+    /// Replaces the conversation history (e.g. an API request's earlier messages). The model
+    /// state is kept and reused as far as the new history's rendering agrees with it.
+    pub fn set_messages(&mut self, messages: Vec<Message>) {
+        self.messages = messages;
+    }
+
+    /// Adds `message` (user, system or tool) and generates the assistant's reply, streaming
+    /// events to `on_event`. The reply is appended to the conversation.
+    ///
+    /// The prompt is the template's rendering of the whole conversation, so the model sees
+    /// exactly what transformers would give it. The state is reused up to the longest text
+    /// prefix it shares with that rendering: either everything fed so far, or the snapshot
+    /// taken at the end of the previous turn's messages (templates such as Qwen3.6's drop
+    /// earlier reasoning when a new user message arrives, so only the previous reply and the
+    /// new message are prefilled then).
+    pub fn chat(
+        &mut self,
+        message: Message,
+        opts: &GenOptions,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Completion> {
+        self.messages.push(message);
+        let prompt = self.llm.render(&self.messages, opts, true)?;
+        let base = self.llm.render(&self.messages, opts, false)?;
+        let tok = self.llm.tokenizer()?.clone();
+        self.rewind_to_prefix_of(&prompt);
+        // Feed the messages, snapshot, then feed the generation prompt and generate.
+        let mut ids = Vec::new();
+        let split = if base.len() >= self.text.len() && prompt.starts_with(&base) {
+            ids.extend(tok.encode(&base[self.text.len()..], false)?);
+            let n = ids.len();
+            ids.extend(tok.encode(&prompt[base.len()..], false)?);
+            Some(n)
+        } else {
+            ids.extend(tok.encode(&prompt[self.text.len()..], false)?);
+            None
+        };
+        let stream = StreamOptions {
+            stop_strings: opts.stop.clone(),
+            stop_ids: self.llm.stop_ids.clone(),
+            starts_in_reasoning: prompt_opens_reasoning(&prompt),
+            tools: opts
+                .tools
+                .as_deref()
+                .map(ToolSchemas::from_tools)
+                .unwrap_or_default(),
+            ..Default::default()
+        };
+        let mut text = TextStream::new(tok.clone(), stream);
+        self.snapshot_at = split.map(|n| (self.fed.len() + n, base.clone()));
+        self.text = prompt;
+        let completion = self.generate(&ids, opts, Some(&mut text), on_event)?;
+        let mut reply = Message::new("assistant", completion.content.clone());
+        if !completion.reasoning.is_empty() {
+            reply.reasoning_content = Some(completion.reasoning.clone());
+        }
+        reply.tool_calls = completion
+            .tool_calls
+            .iter()
+            .map(|c| crate::text::MessageToolCall {
+                id: Some(c.id.clone()),
+                kind: "function".into(),
+                function: crate::text::FunctionCall {
+                    name: c.name.clone(),
+                    arguments: serde_json::from_str(&c.arguments)
+                        .unwrap_or(serde_json::Value::String(c.arguments.clone())),
+                },
+            })
+            .collect();
+        self.messages.push(reply);
+        self.text.push_str(&tok.decode(&completion.tokens, false)?);
+        Ok(completion)
+    }
+
+    /// Restores the state that covers the longest prefix of `prompt` it can: all that was fed,
+    /// else the snapshot, else nothing.
+    fn rewind_to_prefix_of(&mut self, prompt: &str) {
+        if !self.fed.is_empty() && prompt.starts_with(&self.text) {
+            return;
+        }
+        match self.snapshot.take() {
+            Some(snap) if prompt.starts_with(&snap.text) => {
+                self.state = snap.state.clone();
+                self.fed.truncate(snap.fed);
+                self.text = snap.text.clone();
+                self.snapshot = Some(snap);
+            }
+            _ => {
+                self.state = self.llm.model.new_state();
+                self.fed.clear();
+                self.text.clear();
+            }
+        }
+    }
+
+    /// Feeds `prompt` ids after what the state holds and generates; the low-level entry used
+    /// by [`Session::chat`] and by callers that work in token ids.
+    pub fn generate(
+        &mut self,
+        prompt: &[u32],
+        opts: &GenOptions,
+        mut text: Option<&mut TextStream>,
+        on_event: &mut dyn FnMut(Event),
+    ) -> Result<Completion> {
+        let llm = self.llm;
+        let context = llm.options.context;
+        if prompt.is_empty() && self.fed.is_empty() {
+            return Err(Error::Invalid("the prompt is empty".into()));
+        }
+        if self.fed.len() + prompt.len() >= context {
+            return Err(Error::Invalid(format!(
+                "the prompt needs {} tokens but the context is {context}; raise --context or shorten the conversation",
+                self.fed.len() + prompt.len()
+            )));
+        }
+        let mut usage = Usage {
+            prompt_tokens: self.fed.len() + prompt.len(),
+            cached_tokens: self.fed.len(),
+            ..Default::default()
+        };
+        let cancel = opts.cancel.clone().unwrap_or_default();
+        let t0 = Instant::now();
+        let mut logits = if prompt.is_empty() {
+            return Err(Error::Invalid("nothing new to prefill".into()));
+        } else {
+            self.feed(prompt, &cancel)?
+        };
+        self.prefilled = prompt.len();
+        usage.prefill_s = t0.elapsed().as_secs_f64();
+        let mut sampler = Sampler::new(llm.sampling(opts), llm.model.cfg.vocab_size)?;
+        let max = opts
+            .max_tokens
+            .unwrap_or(usize::MAX)
+            .min(context - self.fed.len());
+        let mut out = Completion::default();
+        let t1 = Instant::now();
+        let mut finish = FinishReason::Length;
+        while out.tokens.len() < max {
+            if cancel.is_cancelled() {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            let next = sampler.sample(&mut logits, &self.fed);
+            out.tokens.push(next);
+            let mut stop = llm.stop_ids.contains(&next);
+            if let Some(ts) = text.as_deref_mut() {
+                for ev in ts.push(next) {
+                    stop |= emit(ev, &mut out, on_event);
+                }
+            }
+            if stop {
+                finish = FinishReason::Stop;
+                break;
+            }
+            if out.tokens.len() == max {
+                break;
+            }
+            logits = self.feed(&[next], &cancel)?;
+        }
+        if let Some(ts) = text {
+            for ev in ts.finish() {
+                emit(ev, &mut out, on_event);
+            }
+        }
+        // The last sampled token is fed now, so the state holds the whole reply.
+        if let Some(&last) = out.tokens.last() {
+            if finish != FinishReason::Cancelled && self.fed.len() < context {
+                self.feed(&[last], &CancelToken::new())?;
+            }
+        }
+        if finish == FinishReason::Stop && !out.tool_calls.is_empty() {
+            finish = FinishReason::ToolCalls;
+        }
+        usage.completion_tokens = out.tokens.len();
+        usage.decode_s = t1.elapsed().as_secs_f64();
+        out.usage = usage;
+        out.finish = Some(finish);
+        on_event(Event::Usage(usage));
+        on_event(Event::Finish(finish));
+        Ok(out)
+    }
+
+    /// Runs `ids` through the model, appending them to the state; returns the last logits.
+    fn feed(&mut self, ids: &[u32], cancel: &CancelToken) -> Result<Vec<f32>> {
+        let chunk = self.llm.model.prefill_chunk.max(1);
+        let mut logits = Vec::new();
+        let mut rest = ids;
+        self.take_snapshot_if_due();
+        while !rest.is_empty() {
+            if cancel.is_cancelled() && ids.len() > 1 {
+                return Err(Error::Invalid("cancelled during prefill".into()));
+            }
+            // Stop a chunk short at the snapshot point so the state there can be copied.
+            let mut n = rest.len().min(chunk);
+            if let Some((at, _)) = &self.snapshot_at {
+                if *at > self.fed.len() {
+                    n = n.min(at - self.fed.len());
+                }
+            }
+            let (part, tail) = rest.split_at(n);
+            logits = self
+                .llm
+                .model
+                .forward(&mut self.state, part, Logits::Last, None)?;
+            self.fed.extend_from_slice(part);
+            rest = tail;
+            self.take_snapshot_if_due();
+        }
+        Ok(logits)
+    }
+
+    fn take_snapshot_if_due(&mut self) {
+        if self
+            .snapshot_at
+            .as_ref()
+            .is_some_and(|(at, _)| *at == self.fed.len())
+        {
+            if let Some((fed, text)) = self.snapshot_at.take() {
+                self.snapshot = Some(Snapshot {
+                    state: self.state.clone(),
+                    fed,
+                    text,
+                });
+            }
+        }
+    }
+}
+
+/// Applies one stream event to the completion and the callback; true when it ends generation.
+fn emit(ev: StreamEvent, out: &mut Completion, on_event: &mut dyn FnMut(Event)) -> bool {
+    match ev {
+        StreamEvent::Content(s) => {
+            out.content.push_str(&s);
+            on_event(Event::Content(s));
+        }
+        StreamEvent::Reasoning(s) => {
+            out.reasoning.push_str(&s);
+            on_event(Event::Reasoning(s));
+        }
+        StreamEvent::ToolCall(c) => {
+            out.tool_calls.push(c.clone());
+            on_event(Event::ToolCall(c));
+        }
+        StreamEvent::Stopped(StopReason::StopString(_) | StopReason::StopToken(_)) => return true,
+    }
+    false
+}
+
+/// Fingerprint of a model's config, stored with saved sessions.
+fn model_fingerprint(m: &Model) -> String {
+    crate::container::hash_hex(format!("{:?}", m.cfg).as_bytes())
+}
+
+impl<'a> Session<'a> {
+    /// Saves the conversation and its model state to `path` (a safetensors file).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        use crate::dtype::DType;
+        use crate::model::state::LayerState;
+        use crate::safetensors::{TensorOut, f32_bytes, write};
+        let mut owned: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut push_state = |prefix: &str, state: &SeqState| {
+            for (i, l) in state.layers.iter().enumerate() {
+                let parts: [(&str, &Vec<f32>); 2] = match l {
+                    LayerState::Linear { conv, ssm } => [("conv", conv), ("ssm", ssm)],
+                    LayerState::Full { keys, values } => [("keys", keys), ("values", values)],
+                };
+                for (name, v) in parts {
+                    owned.push((
+                        format!("{prefix}layer.{i}.{name}"),
+                        vec![v.len()],
+                        f32_bytes(v),
+                    ));
+                }
+            }
+        };
+        push_state("", &self.state);
+        if let Some(snap) = &self.snapshot {
+            push_state("snapshot.", &snap.state);
+        }
+        let tokens: Vec<u8> = self.fed.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let mut outs: Vec<TensorOut<'_>> = owned
+            .iter()
+            .map(|(n, s, d)| TensorOut {
+                name: n.clone(),
+                dtype: DType::F32,
+                shape: s.clone(),
+                data: d,
+            })
+            .collect();
+        outs.push(TensorOut {
+            name: "tokens".into(),
+            dtype: DType::U32,
+            shape: vec![self.fed.len()],
+            data: &tokens,
+        });
+        let messages = serde_json::to_string(&self.messages)
+            .map_err(|e| Error::Invalid(format!("cannot encode messages: {e}")))?;
+        let meta = std::collections::BTreeMap::from([
+            ("format".to_string(), "brook-session".to_string()),
+            ("version".to_string(), "1".to_string()),
+            ("model".to_string(), model_fingerprint(&self.llm.model)),
+            ("pos".to_string(), self.state.pos.to_string()),
+            ("messages".to_string(), messages),
+            ("text".to_string(), self.text.clone()),
+        ]);
+        let mut meta = meta;
+        if let Some(snap) = &self.snapshot {
+            meta.insert("snapshot_fed".into(), snap.fed.to_string());
+            meta.insert("snapshot_pos".into(), snap.state.pos.to_string());
+            meta.insert("snapshot_text".into(), snap.text.clone());
+        }
+        write(path, &outs, &meta)
+    }
+}
+
+impl Llm {
+    /// Restores a session saved by [`Session::save`] for this same model.
+    pub fn restore(&self, path: &Path) -> Result<Session<'_>> {
+        use crate::model::state::LayerState;
+        let f = crate::safetensors::SafeFile::open(path)?;
+        let bad = |reason: String| Error::Json {
+            path: path.to_path_buf(),
+            reason,
+        };
+        let meta = |k: &str| {
+            f.metadata
+                .get(k)
+                .cloned()
+                .ok_or_else(|| bad(format!("not a brook session file (no `{k}`)")))
+        };
+        if meta("format")? != "brook-session" || meta("version")? != "1" {
+            return Err(bad("not a brook session file of version 1".into()));
+        }
+        if meta("model")? != model_fingerprint(&self.model) {
+            return Err(bad("this session was saved with a different model".into()));
+        }
+        let floats = |name: &str| -> Result<Vec<f32>> {
+            let info = f
+                .tensors
+                .get(name)
+                .ok_or_else(|| bad(format!("missing `{name}`")))?;
+            let mut v = Vec::with_capacity(info.numel());
+            crate::dtype::floats_to_f32(info.dtype, &f.read(info)?, &mut v);
+            Ok(v)
+        };
+        let load_state = |prefix: &str| -> Result<SeqState> {
+            let mut state = self.model.new_state();
+            for (i, l) in state.layers.iter_mut().enumerate() {
+                match l {
+                    LayerState::Linear { conv, ssm } => {
+                        let c = floats(&format!("{prefix}layer.{i}.conv"))?;
+                        let s = floats(&format!("{prefix}layer.{i}.ssm"))?;
+                        if c.len() != conv.len() || s.len() != ssm.len() {
+                            return Err(bad(format!("layer {i} state has the wrong size")));
+                        }
+                        *conv = c;
+                        *ssm = s;
+                    }
+                    LayerState::Full { keys, values } => {
+                        *keys = floats(&format!("{prefix}layer.{i}.keys"))?;
+                        *values = floats(&format!("{prefix}layer.{i}.values"))?;
+                    }
+                }
+            }
+            Ok(state)
+        };
+        let mut state = load_state("")?;
+        let snapshot = match f.metadata.get("snapshot_fed") {
+            None => None,
+            Some(fed) => {
+                let mut st = load_state("snapshot.")?;
+                st.pos = meta("snapshot_pos")?
+                    .parse()
+                    .map_err(|_| bad("bad `snapshot_pos`".into()))?;
+                Some(Snapshot {
+                    state: st,
+                    fed: fed.parse().map_err(|_| bad("bad `snapshot_fed`".into()))?,
+                    text: meta("snapshot_text")?,
+                })
+            }
+        };
+        let tinfo = f
+            .tensors
+            .get("tokens")
+            .ok_or_else(|| bad("missing `tokens`".into()))?;
+        let fed: Vec<u32> = crate::dtype::bytes_to_u32(&f.read(tinfo)?);
+        state.pos = meta("pos")?.parse().map_err(|_| bad("bad `pos`".into()))?;
+        let kv_rows = self.model.cfg.num_key_value_heads * self.model.cfg.head_dim;
+        let consistent = state.pos == fed.len()
+            && state.layers.iter().all(|l| match l {
+                LayerState::Full { keys, values } => {
+                    keys.len() == fed.len() * kv_rows && values.len() == keys.len()
+                }
+                LayerState::Linear { .. } => true,
+            });
+        if !consistent {
+            return Err(bad(
+                "token count and state disagree (corrupt session file)".into()
+            ));
+        }
+        let messages = serde_json::from_str(&meta("messages")?)
+            .map_err(|e| bad(format!("bad messages: {e}")))?;
+        Ok(Session {
+            llm: self,
+            state,
+            fed,
+            messages,
+            text: meta("text")?,
+            prefilled: 0,
+            snapshot,
+            snapshot_at: None,
+        })
+    }
+}

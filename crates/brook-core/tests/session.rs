@@ -1,0 +1,171 @@
+//! The library API: sessions keep state between turns, stream events, cancel, limit tokens,
+//! and save/restore.
+
+mod common;
+
+use std::sync::Mutex;
+
+use brook_core::model::open::OpenOptions;
+use brook_core::session::{CancelToken, Event, FinishReason, GenOptions, Llm};
+use brook_core::text::{Message, SamplingParams};
+
+fn greedy(max: usize) -> GenOptions {
+    GenOptions {
+        sampling: Some(SamplingParams::default()),
+        max_tokens: Some(max),
+        enable_thinking: Some(false),
+        ..Default::default()
+    }
+}
+
+static MODEL: Mutex<Option<(tempfile::TempDir, std::path::PathBuf)>> = Mutex::new(None);
+
+fn llm() -> Llm {
+    let mut g = MODEL.lock().unwrap_or_else(|p| p.into_inner());
+    if g.is_none() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let path = common::chat_model(dir.path());
+        *g = Some((dir, path));
+    }
+    let path = g.as_ref().map(|(_, p)| p.clone()).expect("model");
+    Llm::open(
+        &path,
+        OpenOptions {
+            context: 2048,
+            ..Default::default()
+        },
+    )
+    .expect("open")
+}
+
+#[test]
+fn second_turn_prefills_only_new_tokens_and_matches_a_fresh_session() {
+    let llm = llm();
+    let tok = llm.tokenizer().expect("tokenizer").clone();
+    let mut s = llm.session();
+    let opts = greedy(6);
+    let u1 = Message::new("user", "Hello! Who are you?");
+    let first = s.chat(u1.clone(), &opts, &mut |_| {}).expect("turn 1");
+    assert_eq!(first.tokens.len(), 6);
+    let history = s.messages().to_vec();
+    let u2 = Message::new("user", "Tell me more.");
+    let second = s.chat(u2.clone(), &opts, &mut |_| {}).expect("turn 2");
+
+    // What a fresh rendering of the whole conversation holds, and how much of it is new: the
+    // template rewrites the previous reply (dropping its empty think block), so the reply and
+    // the new message are new; everything up to the end of the first user message is not.
+    let mut all = history.clone();
+    all.push(u2.clone());
+    let prompt = llm.render(&all, &opts, true).expect("render");
+    let kept = llm.render(&history[..1], &opts, false).expect("render");
+    assert!(prompt.starts_with(&kept));
+    let kept_tokens = tok.encode(&kept, false).expect("encode").len();
+    let total = tok.encode(&prompt, false).expect("encode").len();
+    assert_eq!(second.usage.prompt_tokens, total);
+    assert_eq!(second.usage.cached_tokens, kept_tokens);
+    assert_eq!(
+        s.last_prefill(),
+        total - kept_tokens,
+        "only the new tokens are prefilled"
+    );
+    assert!(s.last_prefill() < total);
+
+    // A fresh session given the whole conversation answers the same.
+    let mut fresh = llm.session();
+    fresh.set_messages(history);
+    let again = fresh.chat(u2.clone(), &opts, &mut |_| {}).expect("fresh");
+    assert_eq!(fresh.last_prefill(), total);
+    assert_eq!(again.tokens, second.tokens);
+
+    // A third turn that only appends (a tool-free follow-up) reuses the snapshot again.
+    let third = s
+        .chat(Message::new("user", "Thanks."), &opts, &mut |_| {})
+        .expect("turn 3");
+    assert!(third.usage.cached_tokens > second.usage.cached_tokens);
+}
+
+#[test]
+fn events_stream_content_usage_and_finish_and_max_tokens_limits() {
+    let llm = llm();
+    let mut s = llm.session();
+    let mut events = Vec::new();
+    let c = s
+        .chat(
+            Message::new("user", "Count to ten."),
+            &greedy(5),
+            &mut |e| events.push(e),
+        )
+        .expect("chat");
+    assert_eq!(c.usage.completion_tokens, 5);
+    assert_eq!(c.finish, Some(FinishReason::Length));
+    assert!(matches!(
+        events.last(),
+        Some(Event::Finish(FinishReason::Length))
+    ));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Usage(u) if u.completion_tokens == 5))
+    );
+    let streamed: String = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Content(t) => Some(t.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(streamed, c.content);
+}
+
+#[test]
+fn cancel_from_another_thread_stops_generation() {
+    let llm = llm();
+    let mut s = llm.session();
+    let cancel = CancelToken::new();
+    let opts = GenOptions {
+        cancel: Some(cancel.clone()),
+        ..greedy(100_000)
+    };
+    let c2 = cancel.clone();
+    let t = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        c2.cancel();
+    });
+    let mut finish = None;
+    let out = s
+        .generate(&[9707, 11, 1879], &opts, None, &mut |e| {
+            if let Event::Finish(f) = e {
+                finish = Some(f);
+            }
+        })
+        .expect("generate");
+    t.join().expect("join");
+    assert_eq!(out.finish, Some(FinishReason::Cancelled));
+    assert_eq!(finish, Some(FinishReason::Cancelled));
+    assert!(out.tokens.len() < 100_000);
+}
+
+#[test]
+fn saved_session_restores_and_continues_identically() {
+    let llm = llm();
+    let dir = tempfile::tempdir().expect("tmp");
+    let file = dir.path().join("s.safetensors");
+    let mut a = llm.session();
+    a.chat(
+        Message::new("user", "Remember the number 42."),
+        &greedy(4),
+        &mut |_| {},
+    )
+    .expect("t1");
+    a.save(&file).expect("save");
+    let next = Message::new("user", "Which number?");
+    let want = a.chat(next.clone(), &greedy(6), &mut |_| {}).expect("t2");
+    let mut b = llm.restore(&file).expect("restore");
+    assert_eq!(b.messages().len(), 2);
+    let got = b.chat(next, &greedy(6), &mut |_| {}).expect("t2 restored");
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(b.last_prefill(), a.last_prefill());
+    // A corrupt file is refused with a message.
+    std::fs::write(&file, b"not a session").expect("write");
+    assert!(llm.restore(&file).is_err());
+}
