@@ -412,10 +412,11 @@ impl<'a> Session<'a> {
             }
         }
         // The last sampled token is fed now, so the state holds the whole reply.
-        if let Some(&last) = out.tokens.last() {
-            if finish != FinishReason::Cancelled && self.fed.len() < context {
-                self.feed(&[last], &CancelToken::new())?;
-            }
+        if let Some(&last) = out.tokens.last()
+            && finish != FinishReason::Cancelled
+            && self.fed.len() < context
+        {
+            self.feed(&[last], &CancelToken::new())?;
         }
         if finish == FinishReason::Stop && !out.tool_calls.is_empty() {
             finish = FinishReason::ToolCalls;
@@ -441,10 +442,10 @@ impl<'a> Session<'a> {
             }
             // Stop a chunk short at the snapshot point so the state there can be copied.
             let mut n = rest.len().min(chunk);
-            if let Some((at, _)) = &self.snapshot_at {
-                if *at > self.fed.len() {
-                    n = n.min(at - self.fed.len());
-                }
+            if let Some((at, _)) = &self.snapshot_at
+                && *at > self.fed.len()
+            {
+                n = n.min(at - self.fed.len());
             }
             let (part, tail) = rest.split_at(n);
             logits = self
@@ -463,14 +464,13 @@ impl<'a> Session<'a> {
             .snapshot_at
             .as_ref()
             .is_some_and(|(at, _)| *at == self.fed.len())
+            && let Some((fed, text)) = self.snapshot_at.take()
         {
-            if let Some((fed, text)) = self.snapshot_at.take() {
-                self.snapshot = Some(Snapshot {
-                    state: self.state.clone(),
-                    fed,
-                    text,
-                });
-            }
+            self.snapshot = Some(Snapshot {
+                state: self.state.clone(),
+                fed,
+                text,
+            });
         }
     }
 }
