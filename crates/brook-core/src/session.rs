@@ -142,9 +142,9 @@ impl Llm {
     }
 
     /// A new, empty conversation.
-    pub fn session(&self) -> Session<'_> {
+    pub fn session(self: &Arc<Self>) -> Session {
         Session {
-            llm: self,
+            llm: self.clone(),
             state: self.model.new_state(),
             fed: Vec::new(),
             messages: Vec::new(),
@@ -197,8 +197,8 @@ impl Llm {
 
 /// One conversation with its model state.
 #[derive(Debug)]
-pub struct Session<'a> {
-    llm: &'a Llm,
+pub struct Session {
+    llm: Arc<Llm>,
     state: SeqState,
     /// Every token fed into `state`, in order.
     fed: Vec<u32>,
@@ -221,7 +221,12 @@ struct Snapshot {
     text: String,
 }
 
-impl<'a> Session<'a> {
+impl Session {
+    /// The model this session runs on.
+    pub fn llm(&self) -> &Arc<Llm> {
+        &self.llm
+    }
+
     /// The conversation so far.
     pub fn messages(&self) -> &[Message] {
         &self.messages
@@ -351,7 +356,7 @@ impl<'a> Session<'a> {
         mut text: Option<&mut TextStream>,
         on_event: &mut dyn FnMut(Event),
     ) -> Result<Completion> {
-        let llm = self.llm;
+        let llm = self.llm.clone();
         let context = llm.options.context;
         if prompt.is_empty() && self.fed.is_empty() {
             return Err(Error::Invalid("the prompt is empty".into()));
@@ -500,7 +505,7 @@ fn model_fingerprint(m: &Model) -> String {
     crate::container::hash_hex(format!("{:?}", m.cfg).as_bytes())
 }
 
-impl<'a> Session<'a> {
+impl Session {
     /// Saves the conversation and its model state to `path` (a safetensors file).
     pub fn save(&self, path: &Path) -> Result<()> {
         use crate::dtype::DType;
@@ -564,7 +569,7 @@ impl<'a> Session<'a> {
 
 impl Llm {
     /// Restores a session saved by [`Session::save`] for this same model.
-    pub fn restore(&self, path: &Path) -> Result<Session<'_>> {
+    pub fn restore(self: &Arc<Self>, path: &Path) -> Result<Session> {
         use crate::model::state::LayerState;
         let f = crate::safetensors::SafeFile::open(path)?;
         let bad = |reason: String| Error::Json {
@@ -650,7 +655,7 @@ impl Llm {
         let messages = serde_json::from_str(&meta("messages")?)
             .map_err(|e| bad(format!("bad messages: {e}")))?;
         Ok(Session {
-            llm: self,
+            llm: self.clone(),
             state,
             fed,
             messages,

@@ -20,7 +20,7 @@ fn greedy(max: usize) -> GenOptions {
 
 static MODEL: Mutex<Option<(tempfile::TempDir, std::path::PathBuf)>> = Mutex::new(None);
 
-fn llm() -> Llm {
+fn llm() -> std::sync::Arc<Llm> {
     let mut g = MODEL.lock().unwrap_or_else(|p| p.into_inner());
     if g.is_none() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -28,14 +28,16 @@ fn llm() -> Llm {
         *g = Some((dir, path));
     }
     let path = g.as_ref().map(|(_, p)| p.clone()).expect("model");
-    Llm::open(
-        &path,
-        OpenOptions {
-            context: 2048,
-            ..Default::default()
-        },
+    std::sync::Arc::new(
+        Llm::open(
+            &path,
+            OpenOptions {
+                context: 2048,
+                ..Default::default()
+            },
+        )
+        .expect("open"),
     )
-    .expect("open")
 }
 
 #[test]
