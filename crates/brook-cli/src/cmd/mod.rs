@@ -5,6 +5,7 @@ pub mod generate;
 pub mod logits;
 pub mod repack;
 pub mod synth;
+pub mod tokenize;
 pub mod verify;
 
 use anyhow::Result;
@@ -164,4 +165,62 @@ pub fn memory_bandwidth(model: &brook_core::Model, threads: usize) -> f64 {
         best = best.max(bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     best
+}
+
+/// Sampling flags shared by `generate` and `chat`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy (default: the model's generation_config.json, else greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    #[arg(long)]
+    pub frequency_penalty: Option<f32>,
+    /// Seed that makes sampling reproducible.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The model's defaults overridden by the flags given.
+    pub fn params(&self, llm: &brook_core::session::Llm) -> brook_core::text::SamplingParams {
+        let mut p = llm.generation.sampling_params();
+        if let Some(t) = self.temperature {
+            p.temperature = t;
+        }
+        if let Some(v) = self.top_k {
+            p.top_k = v;
+        }
+        if let Some(v) = self.top_p {
+            p.top_p = v;
+        }
+        if let Some(v) = self.min_p {
+            p.min_p = v;
+        }
+        if let Some(v) = self.repeat_penalty {
+            p.repetition_penalty = v;
+        }
+        if let Some(v) = self.presence_penalty {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = self.frequency_penalty {
+            p.frequency_penalty = v;
+        }
+        if let Some(v) = self.seed {
+            p.seed = v;
+        }
+        p
+    }
 }
