@@ -26,6 +26,7 @@ enum Command {
     Synth(cmd::synth::Args),
     Bench(cmd::bench::Args),
     Tokenize(cmd::tokenize::Args),
+    Chat(cmd::chat::Args),
 }
 
 fn main() -> ExitCode {
@@ -42,6 +43,7 @@ fn main() -> ExitCode {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
         Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,6 +1,7 @@
 //! One module per subcommand, plus what they share.
 
 pub mod bench;
+pub mod chat;
 pub mod generate;
 pub mod logits;
 pub mod repack;
