@@ -16,6 +16,7 @@ pub mod model;
 pub mod quant;
 pub mod safetensors;
 pub mod session;
+pub mod store;
 pub mod synth;
 pub mod text;
 

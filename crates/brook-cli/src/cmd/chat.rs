@@ -235,14 +235,14 @@ fn print_stats(
 
 /// Reads user turns: rustyline on a terminal, plain lines otherwise.
 enum Input {
-    Editor(rustyline::DefaultEditor),
+    Editor(Box<rustyline::DefaultEditor>),
     Plain(std::io::StdinLock<'static>),
 }
 
 impl Input {
     fn new() -> Result<Self> {
         if std::io::stdin().is_terminal() {
-            Ok(Input::Editor(rustyline::DefaultEditor::new()?))
+            Ok(Input::Editor(Box::new(rustyline::DefaultEditor::new()?)))
         } else {
             Ok(Input::Plain(std::io::stdin().lock()))
         }

@@ -44,7 +44,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let llm = Arc::new(Llm::open(&a.model.model, a.model.options()?)?);
+    let llm = Arc::new(Llm::open(&a.model.path()?, a.model.options()?)?);
     let mut opts = GenOptions {
         max_tokens: Some(a.max_tokens),
         enable_thinking: a.think,

@@ -3,8 +3,11 @@
 pub mod bench;
 pub mod chat;
 pub mod generate;
+pub mod list;
 pub mod logits;
+pub mod pull;
 pub mod repack;
+pub mod rm;
 pub mod synth;
 pub mod tokenize;
 pub mod verify;
@@ -52,7 +55,8 @@ pub fn byte_bar(total: u64, what: &str) -> indicatif::ProgressBar {
 /// Flags shared by every command that runs a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// Model: a brook container, or an MLX checkpoint folder (loaded whole).
+    /// Model: a brook container, an MLX checkpoint folder (loaded whole), or the name of a
+    /// model in the store (`brook pull`, `brook list`).
     #[arg(long)]
     pub model: std::path::PathBuf,
     /// Hard ceiling on memory, e.g. 3GiB or 2500M; default: from the cgroup limit and free memory.
@@ -97,9 +101,15 @@ impl ModelArgs {
         })
     }
 
+    /// The model folder `--model` names (a store name resolved to its container).
+    pub fn path(&self) -> Result<std::path::PathBuf> {
+        pull::resolve_model(&self.model)
+    }
+
     /// Opens the model.
     pub fn open(&self) -> Result<brook_core::Model> {
-        Ok(brook_core::Model::open_with(&self.model, &self.options()?)?)
+        let path = self.path()?;
+        Ok(brook_core::Model::open_with(&path, &self.options()?)?)
     }
 }
 
