@@ -1,0 +1,310 @@
+//! AVX-512 (F, BW, VL, VBMI) kernels behind [`super::qmatvec`] and [`super::qmatmul`].
+//!
+//! Owns the 512-bit inner loops only: 4-bit rows unpack 16 words at once and turn nibbles into
+//! floats with one `vpermps` table lookup (x comes pre-permuted into that lane order, see
+//! [`super::qmatvec::XPrep`]); 8-bit rows widen bytes; 2/3/5/6-bit rows gather each 8 values'
+//! bytes into a qword with `vpermb` and cut them out with `vpmultishiftqb`. No allocation, no
+//! shape checks (callers checked them). Mirrors the portable kernels in `qmatvec.rs`.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
+use crate::dtype::DType;
+
+/// Loads 16 weights of `dtype` starting at element `i` of `p`, widened to f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn load16(dtype: DType, p: *const u8, i: usize) -> __m512 {
+    // SAFETY: the caller guarantees 16 elements of `dtype` are readable at element i.
+    unsafe {
+        match dtype {
+            DType::BF16 => {
+                let h = _mm256_loadu_si256(p.add(2 * i) as *const __m256i);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+            DType::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const __m256i)),
+            _ => _mm512_loadu_ps(p.add(4 * i) as *const f32),
+        }
+    }
+}
+
+/// Like [`load16`] for the first `len` (< 16) elements; the other lanes are zero.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn load_tail(dtype: DType, p: *const u8, i: usize, len: usize) -> __m512 {
+    let m: __mmask16 = ((1u32 << len) - 1) as u16;
+    // SAFETY: masked loads touch only the first `len` elements, which the caller guarantees.
+    unsafe {
+        match dtype {
+            DType::BF16 => {
+                let h = _mm256_maskz_loadu_epi16(m, p.add(2 * i) as *const i16);
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+            }
+            DType::F16 => _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.add(2 * i) as *const i16)),
+            _ => _mm512_maskz_loadu_ps(m, p.add(4 * i) as *const f32),
+        }
+    }
+}
+
+/// Σ w_i x_i for n weights of `dtype` at `w` and n floats at `x`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn dot_w(dtype: DType, w: *const u8, x: *const f32, n: usize) -> f32 {
+    // SAFETY: the caller guarantees n elements at both pointers.
+    unsafe {
+        let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut i = 0;
+        while i + 32 <= n {
+            a0 = _mm512_fmadd_ps(load16(dtype, w, i), _mm512_loadu_ps(x.add(i)), a0);
+            a1 = _mm512_fmadd_ps(load16(dtype, w, i + 16), _mm512_loadu_ps(x.add(i + 16)), a1);
+            i += 32;
+        }
+        while i < n {
+            let len = (n - i).min(16);
+            let m: __mmask16 = ((1u32 << len) - 1) as u16;
+            let xv = _mm512_maskz_loadu_ps(m, x.add(i));
+            let wv = if len == 16 {
+                load16(dtype, w, i)
+            } else {
+                load_tail(dtype, w, i, len)
+            };
+            a0 = _mm512_fmadd_ps(wv, xv, a0);
+            i += len;
+        }
+        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+    }
+}
+
+/// Widens n floats of `dtype` at `src` into `out`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn widen(dtype: DType, src: *const u8, out: &mut [f32]) {
+    let n = out.len();
+    let mut i = 0;
+    // SAFETY: the caller guarantees n elements at `src`; stores stay inside `out`.
+    unsafe {
+        while i + 16 <= n {
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), load16(dtype, src, i));
+            i += 16;
+        }
+        if i < n {
+            let m: __mmask16 = ((1u32 << (n - i)) - 1) as u16;
+            let v = load_tail(dtype, src, i, n - i);
+            _mm512_mask_storeu_ps(out.as_mut_ptr().add(i), m, v);
+        }
+    }
+}
+
+/// Float weights: y[r] = row r · x for every row of `data` ([y.len(), x.len()] of `dtype`).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn float_rows(dtype: DType, data: &[u8], x: &[f32], y: &mut [f32]) {
+    let rb = x.len() * dtype.size();
+    for (r, yr) in y.iter_mut().enumerate() {
+        // SAFETY: `data` holds y.len() rows of rb bytes (checked by the caller).
+        *yr = unsafe { dot_w(dtype, data.as_ptr().add(r * rb), x.as_ptr(), x.len()) };
+    }
+}
+
+/// Scale `gi` of a row's scales of `dtype`, widened.
+#[inline(always)]
+unsafe fn scale_at(dtype: DType, p: *const u8, gi: usize) -> f32 {
+    // SAFETY: the caller guarantees element gi is inside the row's scales.
+    unsafe {
+        match dtype {
+            DType::BF16 => {
+                f32::from_bits((std::ptr::read_unaligned(p.add(2 * gi) as *const u16) as u32) << 16)
+            }
+            DType::F16 => {
+                half::f16::from_bits(std::ptr::read_unaligned(p.add(2 * gi) as *const u16)).to_f32()
+            }
+            _ => f32::from_bits(std::ptr::read_unaligned(p.add(4 * gi) as *const u32)),
+        }
+    }
+}
+
+/// Σ_i s_{g(i)} q_i x_i over n 4-bit elements, per lane. `s` holds the segment's scales as
+/// f32 (plus [`SCALE_PAD`] readable floats), `xl` x in 16-lane nibble order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn q4_seg(p: *const u8, n: usize, s: *const f32, xl: *const f32, g: usize) -> __m512 {
+    // SAFETY: p holds n/2 bytes, xl n rounded up to 128 floats, s n/g + 16 floats.
+    unsafe {
+        let lut = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        // Lane j holds word j, 8 elements; a group spans g/8 words.
+        let per = (g / 8) as i32;
+        let idx = _mm512_div_lanes(per);
+        let nw = n / 8;
+        let mut tot = _mm512_setzero_ps();
+        let mut blk = 0;
+        while blk * 16 < nw {
+            let rem = nw - blk * 16;
+            let w = if rem >= 16 {
+                _mm512_loadu_si512(p.add(blk * 64) as *const _)
+            } else {
+                _mm512_maskz_loadu_epi32(((1u32 << rem) - 1) as u16, p.add(blk * 64) as *const i32)
+            };
+            let xb = xl.add(blk * 128);
+            let mut a0 = _mm512_mul_ps(_mm512_permutexvar_ps(w, lut), _mm512_loadu_ps(xb));
+            let mut a1 = _mm512_mul_ps(
+                _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(w), lut),
+                _mm512_loadu_ps(xb.add(16)),
+            );
+            macro_rules! step {
+                ($acc:ident, $k:literal) => {
+                    $acc = _mm512_fmadd_ps(
+                        _mm512_permutexvar_ps(_mm512_srli_epi32::<{ 4 * $k }>(w), lut),
+                        _mm512_loadu_ps(xb.add(16 * $k)),
+                        $acc,
+                    );
+                };
+            }
+            step!(a0, 2);
+            step!(a1, 3);
+            step!(a0, 4);
+            step!(a1, 5);
+            step!(a0, 6);
+            step!(a1, 7);
+            let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s.add(blk * 128 / g)));
+            tot = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), sv, tot);
+            blk += 1;
+        }
+        tot
+    }
+}
+
+/// Lanes j / per, as 32-bit indices.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn _mm512_div_lanes(per: i32) -> __m512i {
+    let mut v = [0i32; 16];
+    for (j, e) in v.iter_mut().enumerate() {
+        *e = j as i32 / per;
+    }
+    // SAFETY: reads 16 i32 from a local array.
+    unsafe { _mm512_loadu_si512(v.as_ptr() as *const _) }
+}
+
+/// Σ_g s_g Σ_{i∈g} q_i x_i over n 8-bit elements, per lane; x in natural order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn q8_seg(
+    p: *const u8,
+    n: usize,
+    sd: DType,
+    s: *const u8,
+    x: *const f32,
+    g: usize,
+) -> __m512 {
+    // SAFETY: p holds n bytes, x n floats, s n/g scales.
+    unsafe {
+        let (mut t0, mut t1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        for gi in 0..n / g {
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut off = gi * g;
+            while off < (gi + 1) * g {
+                let q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(off) as *const __m128i));
+                let q1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(off + 16) as *const __m128i));
+                a0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q0), _mm512_loadu_ps(x.add(off)), a0);
+                a1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(q1), _mm512_loadu_ps(x.add(off + 16)), a1);
+                off += 32;
+            }
+            let sv = _mm512_set1_ps(scale_at(sd, s, gi));
+            if gi % 2 == 0 {
+                t0 = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), sv, t0);
+            } else {
+                t1 = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), sv, t1);
+            }
+        }
+        _mm512_add_ps(t0, t1)
+    }
+}
+
+/// Like [`q8_seg`] for any width `bits` ≤ 8: each 32 values (4·bits bytes) are spread so
+/// qword k holds values 8k..8k+7, then `vpmultishiftqb` cuts value m from bit m·bits.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn qgen_seg(
+    p: *const u8,
+    n: usize,
+    bits: usize,
+    sd: DType,
+    s: *const u8,
+    x: *const f32,
+    g: usize,
+) -> __m512 {
+    let (mut pidx, mut ctrl) = ([0u8; 32], [0u8; 32]);
+    for q in 0..4 {
+        for m in 0..8 {
+            pidx[q * 8 + m] = (q * bits + m) as u8;
+            ctrl[q * 8 + m] = (m * bits) as u8;
+        }
+    }
+    let chunk = 4 * bits; // bytes per 32 values
+    let lmask: __mmask32 = if chunk >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << chunk) - 1
+    };
+    // SAFETY: p holds n·bits/8 bytes (masked loads read only `chunk` bytes per 32 values),
+    // x n floats, s n/g scales; the index arrays are local.
+    unsafe {
+        let pidx = _mm256_loadu_si256(pidx.as_ptr() as *const __m256i);
+        let ctrl = _mm256_loadu_si256(ctrl.as_ptr() as *const __m256i);
+        let vmask = _mm256_set1_epi8(((1u32 << bits) - 1) as u8 as i8);
+        let mut tot = _mm512_setzero_ps();
+        for gi in 0..n / g {
+            let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+            let mut off = gi * g;
+            while off < (gi + 1) * g {
+                let raw = _mm256_maskz_loadu_epi8(lmask, p.add(off * bits / 8) as *const i8);
+                let spread = _mm256_permutexvar_epi8(pidx, raw);
+                let q = _mm256_and_si256(_mm256_multishift_epi64_epi8(ctrl, spread), vmask);
+                let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q)));
+                let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(q)));
+                a0 = _mm512_fmadd_ps(lo, _mm512_loadu_ps(x.add(off)), a0);
+                a1 = _mm512_fmadd_ps(hi, _mm512_loadu_ps(x.add(off + 16)), a1);
+                off += 32;
+            }
+            let sv = _mm512_set1_ps(scale_at(sd, s, gi));
+            tot = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), sv, tot);
+        }
+        tot
+    }
+}
+
+/// Affine rows `rows` of y = W x (see [`super::qmatvec::matvec_rows`]).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows: Range<usize>) {
+    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
+    let (g, fs, bits) = (a.group, a.float.size(), a.bits as usize);
+    let (x, lanes, sums) = (xp.x(), xp.lanes(), xp.sums(g));
+    for (yr, r) in y.iter_mut().zip(rows) {
+        let (p, s, b) = a.row(r);
+        // SAFETY: `check` sized the row's bytes; XPrep sized x, lanes and sums for a.n.
+        unsafe {
+            let mut acc = dot_w(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
+            let mut tot = _mm512_setzero_ps();
+            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
+                let ng = SEG_GROUPS.min(a.groups() - g0);
+                let (e0, ne) = (g0 * g, ng * g);
+                let pp = p.as_ptr().add(e0 * bits / 8);
+                let sp = s.as_ptr().add(g0 * fs);
+                let part = match bits {
+                    4 => {
+                        widen(a.float, sp, &mut sbuf[..ng]);
+                        sbuf[ng..ng + SCALE_PAD].fill(0.0);
+                        q4_seg(pp, ne, sbuf.as_ptr(), lanes.as_ptr().add(e0), g)
+                    }
+                    8 => q8_seg(pp, ne, a.float, sp, x.as_ptr().add(e0), g),
+                    _ => qgen_seg(pp, ne, bits, a.float, sp, x.as_ptr().add(e0), g),
+                };
+                tot = _mm512_add_ps(tot, part);
+            }
+            acc += _mm512_reduce_add_ps(tot);
+            *yr = acc;
+        }
+    }
+}
