@@ -7,7 +7,9 @@
 //! Σ|w_i x_i|); the worst measured ratio is 2.2e-7, and a nibble table off by 1e-3 fails.
 
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
-use brook_core::cpu::{SimdLevel, XPrep, dequant_row, qmatvec};
+use brook_core::cpu::{
+    CpuPool, SimdLevel, XBatch, XPrep, dequant_row, qmatmul, qmatmul_pool, qmatvec, qmatvec_pool,
+};
 use brook_core::dtype;
 use brook_core::dtype::DType;
 use brook_core::linear::{Linear, Weights, float_at};
@@ -206,4 +208,95 @@ fn dequant_row_matches_reference_row() {
             assert_eq!(a, b, "bits {bits} row {r}");
         }
     }
+}
+
+fn check_matmul(rng: &mut Rng, out: usize, inp: usize, t: usize, fmt: Format, pool: &CpuPool) {
+    let w = random_linear(rng, out, inp, fmt);
+    let x = rng.vec(t * inp, 1.0);
+    let mut want = vec![0.0; t * out];
+    w.forward_rows(&x, &mut want);
+    let mut scale = Vec::new();
+    for xt in x.chunks_exact(inp) {
+        scale.extend(row_scales(&w, xt));
+    }
+    let mut xb = XBatch::new();
+    for level in SimdLevel::supported() {
+        let what = format!("{level:?} {fmt:?} [{out}, {inp}] T={t}");
+        let mut y = vec![f32::NAN; t * out];
+        qmatmul(level, &w.view(), &x, &mut y, &mut xb).expect("matmul");
+        assert_close(&y, &want, &scale, &what);
+        let mut y = vec![f32::NAN; t * out];
+        qmatmul_pool(pool, level, &w.view(), &x, &mut y, &mut xb).expect("matmul");
+        assert_close(&y, &want, &scale, &format!("pool {what}"));
+    }
+}
+
+#[test]
+fn quantized_and_float_matmul_match_reference_for_token_chunks() {
+    let mut rng = Rng::new(6);
+    let pool = CpuPool::new(3);
+    let mut case = 0;
+    for bits in [2, 3, 4, 5, 6, 8] {
+        for group in [32, 64, 128] {
+            let float = FLOATS[case % 3];
+            let t = [1, 3, 4, 5, 9, 17][case % 6];
+            let (out, inp) = [(7, 256), (33, 512), (16, 1024), (5, 160 / 32 * 32)][case % 4];
+            let inp = inp.max(group) / group * group;
+            check_matmul(
+                &mut rng,
+                out,
+                inp,
+                t,
+                Format::Affine { bits, group, float },
+                &pool,
+            );
+            case += 1;
+        }
+    }
+    for dtype in FLOATS {
+        check_matmul(&mut rng, 9, 37, 6, Format::Float(dtype), &pool);
+        check_matmul(&mut rng, 20, 300, 5, Format::Float(dtype), &pool);
+    }
+}
+
+#[test]
+fn pooled_matvec_equals_single_thread_for_any_thread_count() {
+    let mut rng = Rng::new(7);
+    let w = random_linear(
+        &mut rng,
+        1001,
+        512,
+        Format::Affine {
+            bits: 4,
+            group: 64,
+            float: DType::BF16,
+        },
+    );
+    let x = rng.vec(512, 1.0);
+    let level = SimdLevel::detect();
+    let mut xp = XPrep::new();
+    let mut want = vec![0.0; 1001];
+    qmatvec(level, &w.view(), &x, &mut want, &mut xp).expect("matvec");
+    for threads in [1, 2, 3, 5] {
+        let pool = CpuPool::new(threads);
+        for _ in 0..50 {
+            let mut y = vec![f32::NAN; 1001];
+            qmatvec_pool(&pool, level, &w.view(), &x, &mut y, &mut xp).expect("matvec");
+            assert_eq!(y, want, "{threads} threads");
+        }
+    }
+}
+
+#[test]
+fn pool_reraises_a_panicking_job_and_keeps_working() {
+    let pool = CpuPool::new(2);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        pool.run(&|t| assert!(t != 1, "share 1 fails"));
+    }));
+    assert!(r.is_err());
+    let hits = std::sync::atomic::AtomicUsize::new(0);
+    pool.run(&|_| {
+        hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    assert_eq!(hits.into_inner(), 2);
 }

@@ -11,6 +11,7 @@ use std::ops::Range;
 
 use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep, unpack_group};
 use crate::dtype::DType;
+use crate::linear::{LinearRef, MatRef};
 
 /// Loads 8 weights of `dtype` starting at element `i` of `p`, widened to f32.
 #[inline]
@@ -249,6 +250,172 @@ pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows
             }
             acc += hsum(tot);
             *yr = acc;
+        }
+    }
+}
+
+/// Row `r` of W as f32 into `dst`: natural order, or (`lanes`, 4-bit only) the 8-lane nibble
+/// order of [`super::qmatvec::XPrep`], padded to whole 64-element blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn unpack_row(w: &LinearRef<'_>, r: usize, lanes: bool, dst: &mut [f32]) {
+    let n = w.in_features;
+    let MatRef::Affine {
+        spec,
+        float,
+        packed,
+        scales,
+        biases,
+    } = w.mat
+    else {
+        super::qmatvec::dequant_row(w, r, dst);
+        return;
+    };
+    if !lanes && spec.bits != 8 {
+        super::qmatvec::dequant_row(w, r, dst);
+        return;
+    }
+    let a = Affine {
+        bits: spec.bits,
+        group: spec.group_size,
+        float,
+        n,
+        packed,
+        scales,
+        biases,
+    };
+    let (p, s, b) = a.row(r);
+    let (g, ng) = (a.group, a.groups());
+    if !lanes {
+        for gi in 0..ng {
+            // SAFETY: group gi's bytes, scale and bias are inside the row (`check`).
+            unsafe {
+                let sv = _mm256_set1_ps(scale_at(float, s.as_ptr(), gi));
+                let bv = _mm256_set1_ps(scale_at(float, b.as_ptr(), gi));
+                for off in (gi * g..(gi + 1) * g).step_by(8) {
+                    let q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.as_ptr().add(off) as *const _));
+                    let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), sv, bv);
+                    _mm256_storeu_ps(dst.as_mut_ptr().add(off), v);
+                }
+            }
+        }
+        return;
+    }
+    assert!(ng <= UNPACK_GROUPS && dst.len() >= n.div_ceil(64) * 64);
+    let mut sb = [0.0f32; UNPACK_GROUPS + SCALE_PAD];
+    let mut bb = [0.0f32; UNPACK_GROUPS + SCALE_PAD];
+    // SAFETY: sizes asserted above and by `check`.
+    unsafe {
+        for gi in 0..ng {
+            sb[gi] = scale_at(float, s.as_ptr(), gi);
+            bb[gi] = scale_at(float, b.as_ptr(), gi);
+        }
+        let per = (g / 8) as i32;
+        let idx = _mm256_setr_epi32(
+            0,
+            1 / per,
+            2 / per,
+            3 / per,
+            4 / per,
+            5 / per,
+            6 / per,
+            7 / per,
+        );
+        let nib = _mm256_set1_epi32(15);
+        let nw = n / 8;
+        let mut blk = 0;
+        while blk * 8 < nw {
+            let pw = p.as_ptr().add(blk * 32);
+            let w = if nw - blk * 8 >= 8 {
+                _mm256_loadu_si256(pw as *const __m256i)
+            } else {
+                _mm256_maskload_epi32(
+                    pw as *const i32,
+                    _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0),
+                )
+            };
+            let sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sb.as_ptr().add(blk * 64 / g)), idx);
+            let bv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(bb.as_ptr().add(blk * 64 / g)), idx);
+            let d = dst.as_mut_ptr().add(blk * 64);
+            let mut wk = w;
+            for k in 0..8 {
+                let q = _mm256_cvtepi32_ps(_mm256_and_si256(wk, nib));
+                _mm256_storeu_ps(d.add(8 * k), _mm256_fmadd_ps(q, sv, bv));
+                wk = _mm256_srli_epi32::<4>(wk);
+            }
+            blk += 1;
+        }
+    }
+}
+
+/// Groups of one row [`unpack_row`] widens at once in lane order.
+pub(super) const UNPACK_GROUPS: usize = 1024;
+
+/// acc[a][b] = Σ_{i<n} w[a·ws + i]·x[b·xs + i] for a < rr, b < tt (each 1 or 4).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    w: &[f32],
+    ws: usize,
+    x: &[f32],
+    xs: usize,
+    n: usize,
+    rr: usize,
+    tt: usize,
+    acc: &mut [[f32; 4]; 4],
+) {
+    let (wp, xp) = (w.as_ptr(), x.as_ptr());
+    // SAFETY: the caller asserted the slices hold rr (tt) rows of n at stride ws (xs).
+    unsafe {
+        for a0 in (0..rr).step_by(2) {
+            let mut part = [[0.0f32; 4]; 2];
+            match (rr - a0 >= 2, tt) {
+                (true, 4) => tile_rt::<2, 4>(wp.add(a0 * ws), ws, xp, xs, n, &mut part),
+                (true, _) => tile_rt::<2, 1>(wp.add(a0 * ws), ws, xp, xs, n, &mut part),
+                (false, 4) => tile_rt::<1, 4>(wp.add(a0 * ws), ws, xp, xs, n, &mut part),
+                (false, _) => tile_rt::<1, 1>(wp.add(a0 * ws), ws, xp, xs, n, &mut part),
+            }
+            for (d, s) in acc[a0..].iter_mut().zip(&part).take(rr - a0) {
+                *d = *s;
+            }
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_rt<const R: usize, const T: usize>(
+    w: *const f32,
+    ws: usize,
+    x: *const f32,
+    xs: usize,
+    n: usize,
+    out: &mut [[f32; 4]; 2],
+) {
+    let mut a = [[_mm256_setzero_ps(); T]; R];
+    let mut i = 0;
+    // SAFETY: reads stay inside R rows of w and T rows of x, n elements each (caller).
+    unsafe {
+        while i + 8 <= n {
+            let mut xv = [_mm256_setzero_ps(); T];
+            for b in 0..T {
+                xv[b] = _mm256_loadu_ps(x.add(b * xs + i));
+            }
+            for r in 0..R {
+                let wv = _mm256_loadu_ps(w.add(r * ws + i));
+                for b in 0..T {
+                    a[r][b] = _mm256_fmadd_ps(wv, xv[b], a[r][b]);
+                }
+            }
+            i += 8;
+        }
+        for r in 0..R {
+            for b in 0..T {
+                let mut s = hsum(a[r][b]);
+                for j in i..n {
+                    s += *w.add(r * ws + j) * *x.add(b * xs + j);
+                }
+                out[r][b] = s;
+            }
         }
     }
 }

@@ -10,10 +10,13 @@
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+pub mod pool;
+pub mod qmatmul;
 pub mod qmatvec;
 pub mod simd;
-
-pub use qmatvec::{XPrep, check, dequant_row, matvec_rows, qmatvec};
+pub use pool::CpuPool;
+pub use qmatmul::{XBatch, qmatmul, qmatmul_pool};
+pub use qmatvec::{XPrep, check, dequant_row, matvec_rows, qmatvec, qmatvec_pool};
 pub use simd::SimdLevel;
 #[doc(hidden)]
 pub mod testutil;

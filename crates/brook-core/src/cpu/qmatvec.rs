@@ -11,6 +11,7 @@
 use std::ops::Range;
 
 use crate::cpu::SimdLevel;
+use crate::cpu::pool::{CpuPool, SharedMut, split};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::linear::{LinearRef, MatRef};
@@ -257,6 +258,36 @@ pub fn qmatvec(
     }
     xp.prepare(level, x);
     matvec_rows(level, w, xp, y, 0..w.out_features);
+    Ok(())
+}
+
+/// y = W x with the rows split over `pool`'s threads (in blocks of 16 rows).
+pub fn qmatvec_pool(
+    pool: &CpuPool,
+    level: SimdLevel,
+    w: &LinearRef<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    xp: &mut XPrep,
+) -> Result<()> {
+    check(w)?;
+    if x.len() != w.in_features || y.len() != w.out_features {
+        return Err(Error::Invalid(format!(
+            "matvec [{}, {}] given x of {} and y of {}",
+            w.out_features,
+            w.in_features,
+            x.len(),
+            y.len()
+        )));
+    }
+    xp.prepare(level, x);
+    let (ys, xp, threads) = (SharedMut::new(y), &*xp, pool.threads());
+    pool.run(&|tid| {
+        let rows = split(w.out_features, tid, threads, 16);
+        // SAFETY: `split` gives every thread a disjoint range of rows.
+        let y = unsafe { ys.slice(rows.clone()) };
+        matvec_rows(level, w, xp, y, rows);
+    });
     Ok(())
 }
 
