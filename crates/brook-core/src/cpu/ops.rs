@@ -15,6 +15,7 @@ use crate::model::ops::{sigmoid, silu};
 macro_rules! simd_fn {
     ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident : $t:ty),* $(,)?) $(-> $r:ty)? $body:block) => {
         $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
         $vis fn $name(level: SimdLevel, $($a: $t),*) $(-> $r)? {
             #[inline(always)]
             #[allow(clippy::too_many_arguments)]
