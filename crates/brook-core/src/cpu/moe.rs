@@ -106,6 +106,7 @@ impl MoeScratch {
 }
 
 /// out [T, H] = MoE(x [T, H]) of `layer`; the routes are left in `s.sel` / `s.wts`.
+#[allow(clippy::too_many_arguments)]
 pub fn forward(
     ex: &Exec<'_>,
     w: &MoeWeights,

@@ -244,7 +244,7 @@ pub fn qmatmul_pool(
 fn check_shapes(w: &LinearRef<'_>, x: &[f32], y: &mut [f32]) -> Result<()> {
     check(w)?;
     let (n, out) = (w.in_features, w.out_features);
-    if n == 0 || x.len() % n != 0 || y.len() != x.len() / n * out {
+    if n == 0 || !x.len().is_multiple_of(n) || y.len() != x.len() / n * out {
         return Err(Error::Invalid(format!(
             "matmul [{out}, {n}] given x of {} and y of {}",
             x.len(),

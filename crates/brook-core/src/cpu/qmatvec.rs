@@ -63,7 +63,7 @@ impl XPrep {
         for (k, g) in [32usize, 64, 128].into_iter().enumerate() {
             let sums = &mut self.sums[k];
             sums.clear();
-            if n % g == 0 {
+            if n.is_multiple_of(g) {
                 sums.extend(x.chunks_exact(g).map(|c| c.iter().sum::<f32>()));
             }
         }
