@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
-use brook_core::cpu::{CpuPool, SimdLevel, XBatch, XPrep, qmatmul_pool, qmatvec_pool};
+use brook_core::cpu::{
+    CpuPool, Precision, SimdLevel, XBatch, XPrep, qmatmul_pool, qmatvec_pool_at,
+};
 use brook_core::dtype::DType;
 use brook_core::linear::Linear;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -110,11 +112,17 @@ fn matvec(c: &mut Criterion) {
         let x = rng.vec(w.in_features, 1.0);
         let mut y = vec![0.0; w.out_features];
         let mut xp = XPrep::new();
+        let split = name.starts_with("q4") && SimdLevel::has_vnni();
         for &t in threads {
             let pool = CpuPool::new(t);
-            g.bench_function(format!("{name}/{}/{t}t", level.name()), |b| {
-                b.iter(|| qmatvec_pool(&pool, level, &w.view(), &x, &mut y, &mut xp))
-            });
+            for (p, pname) in [(Precision::F32, "f32"), (Precision::Split24, "split24")] {
+                if p == Precision::Split24 && !split {
+                    continue;
+                }
+                g.bench_function(format!("{name}/{}/{pname}/{t}t", level.name()), |b| {
+                    b.iter(|| qmatvec_pool_at(&pool, level, p, &w.view(), &x, &mut y, &mut xp))
+                });
+            }
         }
     }
     g.finish();

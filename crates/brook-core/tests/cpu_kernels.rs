@@ -8,7 +8,8 @@
 
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
-    CpuPool, SimdLevel, XBatch, XPrep, dequant_row, qmatmul, qmatmul_pool, qmatvec, qmatvec_pool,
+    CpuPool, Precision, SimdLevel, XBatch, XPrep, dequant_row, matvec_rows, qmatmul, qmatmul_pool,
+    qmatvec, qmatvec_pool,
 };
 use brook_core::dtype;
 use brook_core::dtype::DType;
@@ -299,4 +300,47 @@ fn pool_reraises_a_panicking_job_and_keeps_working() {
         hits.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     });
     assert_eq!(hits.into_inner(), 2);
+}
+
+#[test]
+fn split24_matvec_matches_reference_where_vnni_exists() {
+    if !SimdLevel::has_vnni() {
+        return;
+    }
+    let mut rng = Rng::new(8);
+    let mut xp = XPrep::new();
+    for group in [32, 64, 128] {
+        for float in FLOATS {
+            for (out, inp) in [(7, 128), (33, 2048), (5, 96.max(group)), (1001, 512)] {
+                let inp = inp / group * group;
+                let w = random_linear(
+                    &mut rng,
+                    out,
+                    inp,
+                    Format::Affine {
+                        bits: 4,
+                        group,
+                        float,
+                    },
+                );
+                // Activations spanning 8 orders of magnitude, with outliers.
+                let mut x = rng.vec(inp, 1.0);
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v *= 10f32.powi((i % 9) as i32 - 4);
+                }
+                let mut want = vec![0.0; out];
+                w.forward_rows(&x, &mut want);
+                let scale = row_scales(&w, &x);
+                xp.prepare_with(SimdLevel::Avx512, Precision::Split24, &x);
+                let mut y = vec![f32::NAN; out];
+                matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..out);
+                assert_close(
+                    &y,
+                    &want,
+                    &scale,
+                    &format!("split24 g{group} {float:?} [{out}, {inp}]"),
+                );
+            }
+        }
+    }
 }

@@ -167,7 +167,10 @@ unsafe fn q4_seg(p: *const u8, n: usize, s: *const f32, xl: *const f32, g: usize
                 _mm256_loadu_ps(xb.add(56)),
                 a1,
             );
-            let sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(s.add(blk * 64 / g)), idx);
+            let sv = _mm256_permutevar8x32_ps(
+                _mm256_loadu_ps(s.add((blk * 64) >> g.trailing_zeros())),
+                idx,
+            );
             tot = _mm256_fmadd_ps(_mm256_add_ps(a0, a1), sv, tot);
             blk += 1;
         }
@@ -257,7 +260,13 @@ pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows
 /// Row `r` of W as f32 into `dst`: natural order, or (`lanes`, 4-bit only) the 8-lane nibble
 /// order of [`super::qmatvec::XPrep`], padded to whole 64-element blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn unpack_row(w: &LinearRef<'_>, r: usize, lanes: bool, dst: &mut [f32]) {
+pub(super) unsafe fn unpack_row(
+    w: &LinearRef<'_>,
+    r: usize,
+    lanes: bool,
+    dst: &mut [f32],
+    sbuf: &mut [f32],
+) {
     let n = w.in_features;
     let MatRef::Affine {
         spec,
@@ -301,8 +310,7 @@ pub(super) unsafe fn unpack_row(w: &LinearRef<'_>, r: usize, lanes: bool, dst: &
         return;
     }
     assert!(ng <= UNPACK_GROUPS && dst.len() >= n.div_ceil(64) * 64);
-    let mut sb = [0.0f32; UNPACK_GROUPS + SCALE_PAD];
-    let mut bb = [0.0f32; UNPACK_GROUPS + SCALE_PAD];
+    let (sb, bb) = sbuf.split_at_mut(UNPACK_GROUPS + SCALE_PAD);
     // SAFETY: sizes asserted above and by `check`.
     unsafe {
         for gi in 0..ng {
@@ -333,8 +341,14 @@ pub(super) unsafe fn unpack_row(w: &LinearRef<'_>, r: usize, lanes: bool, dst: &
                     _mm256_setr_epi32(-1, -1, -1, -1, 0, 0, 0, 0),
                 )
             };
-            let sv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(sb.as_ptr().add(blk * 64 / g)), idx);
-            let bv = _mm256_permutevar8x32_ps(_mm256_loadu_ps(bb.as_ptr().add(blk * 64 / g)), idx);
+            let sv = _mm256_permutevar8x32_ps(
+                _mm256_loadu_ps(sb.as_ptr().add((blk * 64) >> g.trailing_zeros())),
+                idx,
+            );
+            let bv = _mm256_permutevar8x32_ps(
+                _mm256_loadu_ps(bb.as_ptr().add((blk * 64) >> g.trailing_zeros())),
+                idx,
+            );
             let d = dst.as_mut_ptr().add(blk * 64);
             let mut wk = w;
             for k in 0..8 {

@@ -7,7 +7,7 @@
 //! [`crate::linear::LinearRef::forward_rows`] once per matrix.
 
 use crate::cpu::SimdLevel;
-use crate::cpu::pool::{CpuPool, SharedMut, split};
+use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::qmatmul::{XBatch, matmul_rows};
 use crate::cpu::qmatvec::{XPrep, check, matvec_rows};
 use crate::error::{Error, Result};
@@ -15,6 +15,8 @@ use crate::linear::LinearRef;
 
 /// Matrices one [`Exec::linears`] call may run at once.
 pub const MAX_TASKS: usize = 8;
+/// Rows per unit of work handed to a thread.
+const ROWS: usize = 32;
 
 /// The pool and SIMD level the forward pass runs on.
 #[derive(Debug, Clone, Copy)]
@@ -67,12 +69,24 @@ impl Exec<'_> {
         for (slot, (w, y)) in tasks.iter_mut().zip(outs.iter_mut()) {
             *slot = Some((*w, SharedMut::new(&mut y[..t * w.out_features])));
         }
-        let (level, threads, s) = (self.level, self.pool.threads(), &*s);
-        self.pool.run(&|tid| {
-            for (w, y) in tasks.iter().flatten() {
-                let rows = split(w.out_features, tid, threads, 16);
+        // Work units: blocks of ROWS rows, task after task.
+        let mut first = [0usize; MAX_TASKS + 1];
+        for (i, task) in tasks.iter().enumerate() {
+            let rows = task.as_ref().map_or(0, |(w, _)| w.out_features);
+            first[i + 1] = first[i] + rows.div_ceil(ROWS);
+        }
+        let chunks = Chunks::new(first[MAX_TASKS], 1);
+        let (level, s) = (self.level, &*s);
+        self.pool.run(&|_| {
+            while let Some(units) = chunks.claim() {
+                let u = units.start;
+                let i = first.partition_point(|&f| f <= u) - 1;
+                let Some((w, y)) = &tasks[i] else { continue };
+                let r0 = (u - first[i]) * ROWS;
+                let rows = r0..(r0 + ROWS).min(w.out_features);
                 if t == 1 {
-                    // SAFETY: `split` gives this thread rows no other thread writes.
+                    // SAFETY: every unit is claimed by one thread only, so its rows are
+                    // written by no other thread.
                     let ys = unsafe { y.slice(rows.clone()) };
                     matvec_rows(level, w, &s.prep, ys, rows);
                 } else {

@@ -15,7 +15,7 @@ use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{
     gated_rms_norm, mul_acc, rms_norm, rms_norm_scaled_inplace, rope, sigmoid_gate,
 };
-use crate::cpu::pool::{SharedMut, split};
+use crate::cpu::pool::{Chunks, SharedMut};
 use crate::error::Result;
 use crate::model::ops::{sigmoid, silu, softplus};
 use crate::model::weights::{AttentionWeights, DeltaNetWeights};
@@ -132,30 +132,32 @@ pub fn delta_net(
     )?;
 
     // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by channel.
-    let (threads, past) = (ex.pool.threads(), kk - 1);
+    let past = kk - 1;
     {
         let (qkv, state, cv) = (&s.qkv, &*conv_state, SharedMut::new(&mut s.conv[..t * cd]));
-        ex.pool.run(&|tid| {
-            let ch = split(cd, tid, threads, 16);
-            for ti in 0..t {
-                // SAFETY: each thread writes only its channels `ch` of every row.
-                let o = unsafe { cv.slice(ti * cd + ch.start..ti * cd + ch.end) };
-                o.fill(0.0);
-                for m in 0..kk {
-                    let r = ti + m;
-                    let src = if r < past {
-                        &state[r * cd..]
-                    } else {
-                        &qkv[(r - past) * cd..]
-                    };
-                    mul_acc(
-                        level,
-                        &conv_t[m * cd + ch.start..m * cd + ch.end],
-                        &src[ch.clone()],
-                        o,
-                    );
+        let chunks = Chunks::new(cd, 512);
+        ex.pool.run(&|_| {
+            while let Some(ch) = chunks.claim() {
+                for ti in 0..t {
+                    // SAFETY: each chunk of channels is claimed by one thread only.
+                    let o = unsafe { cv.slice(ti * cd + ch.start..ti * cd + ch.end) };
+                    o.fill(0.0);
+                    for m in 0..kk {
+                        let r = ti + m;
+                        let src = if r < past {
+                            &state[r * cd..]
+                        } else {
+                            &qkv[(r - past) * cd..]
+                        };
+                        mul_acc(
+                            level,
+                            &conv_t[m * cd + ch.start..m * cd + ch.end],
+                            &src[ch.clone()],
+                            o,
+                        );
+                    }
+                    o.iter_mut().for_each(|v| *v = silu(*v));
                 }
-                o.iter_mut().for_each(|v| *v = silu(*v));
             }
         });
     }
@@ -193,11 +195,13 @@ pub fn delta_net(
         let o = SharedMut::new(&mut s.o[..]);
         let ds = SharedMut::new(&mut s.dscratch[..]);
         let (conv, g, beta) = (&s.conv, &s.g, &s.beta);
+        let heads = Chunks::new(nv, 1);
         ex.pool.run(&|tid| {
-            // SAFETY: thread `tid` owns scratch slot `tid`, and heads from `split` are
-            // disjoint, so their state and output slices are too.
+            // SAFETY: thread `tid` owns scratch slot `tid`, and each head is claimed by one
+            // thread only, so its state and output slices are too.
             let scratch = unsafe { ds.slice(tid * dper..(tid + 1) * dper) };
-            for h in split(nv, tid, threads, 1) {
+            while let Some(hs) = heads.claim() {
+                let h = hs.start;
                 let kh = h / r;
                 // SAFETY: see above.
                 let (sh, oh) = unsafe {
@@ -308,25 +312,22 @@ pub fn attention(
         s.score_cap = need.next_power_of_two();
         s.scores.resize(s.threads * s.score_cap, 0.0);
     }
-    let (scale, group, threads, cap) = (
-        (hd as f32).powf(-0.5),
-        nq / nkv,
-        ex.pool.threads(),
-        s.score_cap,
-    );
+    let (scale, group, cap) = ((hd as f32).powf(-0.5), nq / nkv, s.score_cap);
     {
         let (att, sc) = (
             SharedMut::new(&mut s.y[..t * nq * hd]),
             SharedMut::new(&mut s.scores[..]),
         );
         let (q, keys, values) = (&s.q, &keys[..], &values[..]);
+        let pairs = Chunks::new(t * nq, 1);
         ex.pool.run(&|tid| {
-            // SAFETY: thread `tid` owns score row `tid`; (token, head) pairs from `split` are
-            // disjoint, and so are their output rows.
+            // SAFETY: thread `tid` owns score row `tid`; each (token, head) pair is claimed by
+            // one thread only, and so is its output row.
             let scores = unsafe { sc.slice(tid * cap..(tid + 1) * cap) };
-            for pair in split(t * nq, tid, threads, 1) {
+            while let Some(ps) = pairs.claim() {
+                let pair = ps.start;
                 let (ti, head) = (pair / nq, pair % nq);
-                // SAFETY: pair rows are disjoint across threads (see above).
+                // SAFETY: this pair's row is ours alone (see above).
                 let o = unsafe { att.slice(pair * hd..(pair + 1) * hd) };
                 let qh = &q[pair * hd..(pair + 1) * hd];
                 attend(

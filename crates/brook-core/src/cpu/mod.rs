@@ -32,5 +32,7 @@ pub use model::{CpuModel, CpuOptions};
 pub use moe::{SwigluScratch, expert_swiglu};
 pub use pool::CpuPool;
 pub use qmatmul::{XBatch, qmatmul, qmatmul_pool};
-pub use qmatvec::{XPrep, check, dequant_row, matvec_rows, qmatvec, qmatvec_pool};
+pub use qmatvec::{
+    Precision, XPrep, check, dequant_row, matvec_rows, qmatvec, qmatvec_pool, qmatvec_pool_at,
+};
 pub use simd::SimdLevel;

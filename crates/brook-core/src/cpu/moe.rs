@@ -12,7 +12,7 @@ use crate::config::ModelConfig;
 use crate::cpu::SimdLevel;
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{route_top_k, swiglu_act};
-use crate::cpu::pool::{SharedMut, split};
+use crate::cpu::pool::{Chunks, SharedMut};
 use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec};
 use crate::error::{Error, Result};
 use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
@@ -185,16 +185,20 @@ fn decode(
             )));
         }
     }
-    let (level, threads) = (ex.level, ex.pool.threads());
+    let level = ex.level;
     {
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
         let (handles, prep) = (&s.handles, &s.xs.prep);
-        ex.pool.run(&|tid| {
-            let rows = split(i_w, tid, threads, 16);
-            for (slot, hd) in handles.iter().enumerate() {
-                let v = hd.view();
+        // Units: (slot, block of 32 rows) of gate and up together.
+        let per = i_w.div_ceil(32);
+        let chunks = Chunks::new(handles.len() * per, 1);
+        ex.pool.run(&|_| {
+            while let Some(units) = chunks.claim() {
+                let (slot, r0) = (units.start / per, units.start % per * 32);
+                let rows = r0..(r0 + 32).min(i_w);
+                let v = handles[slot].view();
                 let at = slot * width;
-                // SAFETY: row ranges from `split` are disjoint across threads, slots apart.
+                // SAFETY: each unit is claimed once, so its rows of this slot are ours.
                 let (g, u) = unsafe {
                     (
                         hg.slice(at + rows.start..at + rows.end),
@@ -202,7 +206,7 @@ fn decode(
                     )
                 };
                 matvec_rows(level, &v.gate_proj, prep, g, rows.clone());
-                matvec_rows(level, &v.up_proj, prep, u, rows.clone());
+                matvec_rows(level, &v.up_proj, prep, u, rows);
             }
         });
     }
@@ -216,15 +220,14 @@ fn decode(
     let h = cfg.hidden_size;
     let ys = SharedMut::new(&mut out[..h]);
     let (handles, preps, wts) = (&s.handles, &s.preps, &s.wts[..k]);
-    ex.pool.run(&|tid| {
-        let rows = split(h, tid, threads, 16);
-        // SAFETY: `split` gives this thread rows no other thread writes.
-        let o = unsafe { ys.slice(rows.clone()) };
-        o.fill(0.0);
+    let chunks = Chunks::new(h, 64);
+    ex.pool.run(&|_| {
         let mut tmp = [0.0f32; 64];
-        for r0 in rows.clone().step_by(64) {
-            let nr = 64.min(rows.end - r0);
-            let orow = &mut o[r0 - rows.start..][..nr];
+        while let Some(rows) = chunks.claim() {
+            let (r0, nr) = (rows.start, rows.len());
+            // SAFETY: each chunk of rows is claimed by one thread only.
+            let orow = unsafe { ys.slice(rows.clone()) };
+            orow.fill(0.0);
             for slot in 0..=k {
                 let (down, coef) = if slot < k {
                     (handles[slot].view().down_proj, wts[slot])

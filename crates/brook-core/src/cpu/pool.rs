@@ -15,8 +15,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
-/// Spins before a waiting thread parks or yields: ~50 µs at a few GHz.
-const SPINS: u32 = 1 << 14;
+/// Spins before a waiting thread sleeps (~10 µs): long enough to bridge the gaps between a
+/// decode step's jobs, short enough not to starve a preempted partner on a shared box.
+const SPINS: u32 = 1 << 12;
 
 type Job<'a> = dyn Fn(usize) + Sync + 'a;
 
@@ -30,6 +31,9 @@ struct Shared {
     panicked: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
+    /// The caller waits on `done` (after spinning) for `pending` to reach 0.
+    caller_sleeping: AtomicBool,
+    done: Condvar,
 }
 
 // SAFETY: `job` is written only by the one caller holding `CpuPool::caller`, while no worker
@@ -68,6 +72,8 @@ impl CpuPool {
             panicked: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
+            caller_sleeping: AtomicBool::new(false),
+            done: Condvar::new(),
         });
         let workers = (1..threads)
             .filter_map(|i| {
@@ -126,12 +132,20 @@ impl CpuPool {
         let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0)));
         let mut spins = 0u32;
         while s.pending.load(Ordering::Acquire) != 0 {
-            spins = spins.wrapping_add(1);
+            spins += 1;
             if spins < SPINS {
                 std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
+                continue;
             }
+            // A worker is late, most likely preempted: sleep rather than burn the core it
+            // may be waiting for.
+            s.caller_sleeping.store(true, Ordering::SeqCst);
+            let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            while s.pending.load(Ordering::SeqCst) != 0 {
+                g = s.done.wait(g).unwrap_or_else(|e| e.into_inner());
+            }
+            drop(g);
+            s.caller_sleeping.store(false, Ordering::SeqCst);
         }
         // SAFETY: every worker is done with the job; clear the dangling pointer.
         unsafe { *s.job.get() = None };
@@ -176,7 +190,11 @@ fn worker(s: &Shared, index: usize) {
                 s.panicked.store(true, Ordering::SeqCst);
             }
         }
-        s.pending.fetch_sub(1, Ordering::AcqRel);
+        if s.pending.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_sleeping.load(Ordering::SeqCst)
+        {
+            let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.done.notify_all();
+        }
     }
 }
 
@@ -200,6 +218,33 @@ pub fn split(n: usize, t: usize, threads: usize, align: usize) -> Range<usize> {
     let a = (units * t / threads * align).min(n);
     let b = (units * (t + 1) / threads * align).min(n);
     a..b
+}
+
+/// Consecutive chunks of 0..n handed to whichever thread asks next. With a static split a
+/// thread the OS preempts (this box is shared) stalls the whole job; with chunks it just takes
+/// fewer. Lives on the caller's stack: no allocation.
+#[derive(Debug)]
+pub struct Chunks {
+    next: AtomicUsize,
+    n: usize,
+    size: usize,
+}
+
+impl Chunks {
+    /// Chunks of `size` (≥ 1) over 0..n.
+    pub fn new(n: usize, size: usize) -> Self {
+        Chunks {
+            next: AtomicUsize::new(0),
+            n,
+            size: size.max(1),
+        }
+    }
+
+    /// The next unclaimed chunk, or `None` when all are taken.
+    pub fn claim(&self) -> Option<Range<usize>> {
+        let a = self.next.fetch_add(self.size, Ordering::Relaxed);
+        (a < self.n).then(|| a..(a + self.size).min(self.n))
+    }
 }
 
 /// A `&mut [T]` that jobs on several threads may share to write disjoint parts of it.

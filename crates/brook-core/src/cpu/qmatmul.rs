@@ -8,16 +8,20 @@
 //! to 32768 or know about models. It mirrors [`crate::linear::LinearRef::forward_rows`], which
 //! also dequantizes each row once for all tokens.
 
+use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::cpu::SimdLevel;
-use crate::cpu::pool::{CpuPool, SharedMut, split};
+use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::qmatvec::{check, dequant_row, dot};
 use crate::error::{Error, Result};
 use crate::linear::{LinearRef, MatRef};
 
 /// f32 elements of the per-thread weight tile.
 const TILE: usize = 32 * 1024;
+/// f32 elements after the tile for one row's widened scales and biases (1024 groups each,
+/// plus a vector of padding).
+const SCALE_BUF: usize = 2 * (1024 + 16);
 
 /// A chunk of input rows prepared for [`matmul_rows`] at one [`SimdLevel`].
 #[derive(Debug, Clone, Default)]
@@ -111,21 +115,47 @@ pub unsafe fn matmul_rows(
     } else {
         (&xb.x[..], n)
     };
-    let mut stack = [0.0f32; TILE];
-    let mut heap = Vec::new();
-    let tile: &mut [f32] = if stride <= TILE {
-        &mut stack
-    } else {
-        heap.resize(stride, 0.0);
-        &mut heap
-    };
+    TILE_BUF.with_borrow_mut(|buf| {
+        // Kept per thread: a fresh zeroed 128 KiB array per call cost 7% of a prefill.
+        let need = TILE.max(stride) + SCALE_BUF;
+        if buf.len() < need {
+            buf.resize(need, 0.0);
+        }
+        // SAFETY: forwarded from our caller.
+        unsafe { blocked(level, w, xs, stride, lane_order, t, out, y, rows, buf) };
+    });
+}
+
+thread_local! {
+    /// Each thread's weight tile (grows once to the widest row block it met).
+    static TILE_BUF: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The blocked loop of [`matmul_rows`] with its tile.
+///
+/// # Safety
+/// As [`matmul_rows`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked(
+    level: SimdLevel,
+    w: &LinearRef<'_>,
+    xs: &[f32],
+    stride: usize,
+    lane_order: bool,
+    t: usize,
+    out: usize,
+    y: SharedMut<'_, f32>,
+    rows: Range<usize>,
+    buf: &mut [f32],
+) {
+    let (tile, sbuf) = buf.split_at_mut(buf.len() - SCALE_BUF);
     let rb = (tile.len() / stride).clamp(1, 16);
     let mut r0 = rows.start;
     while r0 < rows.end {
         let nr = rb.min(rows.end - r0);
         for i in 0..nr {
             let dst = &mut tile[i * stride..(i + 1) * stride];
-            unpack_row(level, w, r0 + i, lane_order, dst);
+            unpack_row(level, w, r0 + i, lane_order, dst, sbuf);
         }
         let mut t0 = 0;
         while t0 < t {
@@ -160,14 +190,21 @@ pub unsafe fn matmul_rows(
 }
 
 /// Row `r` of W as f32 into `dst` (natural order, or 4-bit lane order when `lanes`).
-fn unpack_row(level: SimdLevel, w: &LinearRef<'_>, r: usize, lanes: bool, dst: &mut [f32]) {
+fn unpack_row(
+    level: SimdLevel,
+    w: &LinearRef<'_>,
+    r: usize,
+    lanes: bool,
+    dst: &mut [f32],
+    sbuf: &mut [f32],
+) {
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is supported (checked by the caller) and `w` passed `check`.
-        SimdLevel::Avx512 => unsafe { super::avx512::unpack_row(w, r, lanes, dst) },
+        SimdLevel::Avx512 => unsafe { super::avx512::unpack_row(w, r, lanes, dst, sbuf) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
-        SimdLevel::Avx2 => unsafe { super::avx2::unpack_row(w, r, lanes, dst) },
+        SimdLevel::Avx2 => unsafe { super::avx2::unpack_row(w, r, lanes, dst, sbuf) },
         _ => {
             debug_assert!(!lanes);
             dequant_row(w, r, dst)
@@ -232,11 +269,13 @@ pub fn qmatmul_pool(
 ) -> Result<()> {
     check_shapes(w, x, y)?;
     xb.prepare(level, x, w.in_features);
-    let (ys, xb, threads) = (SharedMut::new(y), &*xb, pool.threads());
-    pool.run(&|tid| {
-        let rows = split(w.out_features, tid, threads, 16);
-        // SAFETY: `split` gives each thread disjoint rows, i.e. disjoint columns of Y.
-        unsafe { matmul_rows(level, w, xb, ys, rows) };
+    let (ys, xb) = (SharedMut::new(y), &*xb);
+    let chunks = Chunks::new(w.out_features, 16);
+    pool.run(&|_| {
+        while let Some(rows) = chunks.claim() {
+            // SAFETY: each chunk of rows (columns of Y) is claimed by one thread only.
+            unsafe { matmul_rows(level, w, xb, ys, rows) };
+        }
     });
     Ok(())
 }

@@ -46,6 +46,21 @@ impl SimdLevel {
         Self::ALL.into_iter().filter(|l| l.is_supported())
     }
 
+    /// Whether this CPU has AVX-512 VNNI (`vpdpbusd`), used by [`crate::cpu::Precision::Split24`].
+    pub fn has_vnni() -> bool {
+        static VNNI: OnceLock<bool> = OnceLock::new();
+        *VNNI.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                SimdLevel::Avx512.is_supported() && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
+    }
+
     /// Short lowercase name, as used in benchmark ids.
     pub fn name(self) -> &'static str {
         match self {
