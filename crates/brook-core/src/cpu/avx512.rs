@@ -500,7 +500,7 @@ pub(super) unsafe fn unpack_row(
         unsafe {
             widen(a.float, s.as_ptr(), &mut sb[..ng]);
             widen(a.float, b.as_ptr(), &mut bb[..ng]);
-            q4_unpack_lanes(p.as_ptr(), n, &sb, &bb, g, dst.as_mut_ptr());
+            q4_unpack_lanes(p.as_ptr(), n, sb, bb, g, dst.as_mut_ptr());
         }
         return;
     }
