@@ -6,12 +6,12 @@
 //! 8 distinct experts per layer, the same bytes as the real model (working set ≫ L3), while
 //! the box needs ~2 GB instead of 20. Weights bytes per decoded token are printed beside the
 //! speed, so GB/s = bytes × tok/s. Run: `cargo bench -p brook-core --bench forward`
-//! (env BROOK_BENCH_THREADS, BROOK_BENCH_PROMPT, BROOK_BENCH_DECODE).
+//! (env BROOK_BENCH_THREADS, BROOK_BENCH_PROMPT, BROOK_BENCH_DECODE, BROOK_BENCH_PRECISION=split24).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use brook_core::cpu::{CpuModel, CpuOptions};
+use brook_core::cpu::{CpuModel, CpuOptions, Precision};
 use brook_core::model::delta_net::DeltaMode;
 use brook_core::model::moe::{ExpertHandle, ExpertSource};
 use brook_core::model::weights::Loader;
@@ -123,7 +123,11 @@ fn main() -> Result<()> {
         level: None,
     };
     let mut cpu = CpuModel::new(&model, opts)?;
-    println!("{} threads, {:?}", cpu.threads(), cpu.level());
+    println!(
+        "{} threads, {:?}, {precision:?}",
+        cpu.threads(),
+        cpu.level()
+    );
     let tokens: Vec<u32> = (0..prompt as u32).map(|i| (i * 7919) % 200_000).collect();
     let mut st = cpu.new_state(prompt + decode + 8);
     let t = Instant::now();

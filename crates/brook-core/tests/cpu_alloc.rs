@@ -9,7 +9,7 @@ mod common;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
-use brook_core::cpu::{CpuModel, CpuOptions};
+use brook_core::cpu::{CpuModel, CpuOptions, Precision};
 use brook_core::{Logits, Model};
 use common::{MODELS, Reference, argmax, fixture};
 
@@ -48,44 +48,47 @@ fn decode_step_allocates_nothing_after_warm_up() {
     for name in MODELS {
         let model = Model::open(&fixture(name)).expect("open");
         let tokens = Reference::open(name).ids("tokens");
-        let opts = CpuOptions {
-            threads: 2,
-            max_chunk: 32,
-            max_context: 64,
-            level: None,
-        };
-        let mut cpu = CpuModel::new(&model, opts).expect("cpu");
-        let mut st = cpu.new_state(64);
-        let mut next = argmax(
-            cpu.forward(&mut st, &tokens, Logits::Last)
-                .expect("prefill"),
-        );
-        for _ in 0..2 {
-            next = argmax(
-                cpu.forward(&mut st, &[next], Logits::Last)
-                    .expect("warm-up"),
+        for precision in [Precision::F32, Precision::Split24] {
+            let opts = CpuOptions {
+                threads: 2,
+                max_chunk: 32,
+                max_context: 64,
+                level: None,
+                precision,
+            };
+            let mut cpu = CpuModel::new(&model, opts).expect("cpu");
+            let mut st = cpu.new_state(64);
+            let mut next = argmax(
+                cpu.forward(&mut st, &tokens, Logits::Last)
+                    .expect("prefill"),
+            );
+            for _ in 0..2 {
+                next = argmax(
+                    cpu.forward(&mut st, &[next], Logits::Last)
+                        .expect("warm-up"),
+                );
+            }
+            ALLOCS.store(0, Ordering::SeqCst);
+            COUNTING.store(true, Ordering::SeqCst);
+            for _ in 0..20 {
+                next = argmax(cpu.forward(&mut st, &[next], Logits::Last).expect("step"));
+            }
+            COUNTING.store(false, Ordering::SeqCst);
+            assert_eq!(
+                ALLOCS.load(Ordering::SeqCst),
+                0,
+                "{name} {precision:?}: allocations in 20 decode steps"
+            );
+            // The counter does see allocations: the reference path allocates per step.
+            COUNTING.store(true, Ordering::SeqCst);
+            model
+                .forward(&mut st, &[next], Logits::Last, None)
+                .expect("reference step");
+            COUNTING.store(false, Ordering::SeqCst);
+            assert!(
+                ALLOCS.load(Ordering::SeqCst) > 0,
+                "{name}: counter saw nothing"
             );
         }
-        ALLOCS.store(0, Ordering::SeqCst);
-        COUNTING.store(true, Ordering::SeqCst);
-        for _ in 0..20 {
-            next = argmax(cpu.forward(&mut st, &[next], Logits::Last).expect("step"));
-        }
-        COUNTING.store(false, Ordering::SeqCst);
-        assert_eq!(
-            ALLOCS.load(Ordering::SeqCst),
-            0,
-            "{name}: allocations in 20 decode steps"
-        );
-        // The counter does see allocations: the reference path allocates per step.
-        COUNTING.store(true, Ordering::SeqCst);
-        model
-            .forward(&mut st, &[next], Logits::Last, None)
-            .expect("reference step");
-        COUNTING.store(false, Ordering::SeqCst);
-        assert!(
-            ALLOCS.load(Ordering::SeqCst) > 0,
-            "{name}: counter saw nothing"
-        );
     }
 }

@@ -7,7 +7,7 @@
 
 mod common;
 
-use brook_core::cpu::{CpuModel, CpuOptions, SimdLevel};
+use brook_core::cpu::{CpuModel, CpuOptions, Precision, SimdLevel};
 use brook_core::model::moe::Route;
 use brook_core::model::state::LayerState;
 use brook_core::{Logits, Model, Stage};
@@ -19,7 +19,19 @@ fn opts(level: SimdLevel, threads: usize, max_chunk: usize) -> CpuOptions {
         max_chunk,
         max_context: 64,
         level: Some(level),
+        precision: Precision::F32,
     }
+}
+
+/// Every (level, precision) this CPU runs: each level at F32, plus Split24 where VNNI exists.
+fn variants() -> Vec<(SimdLevel, Precision)> {
+    let mut v: Vec<_> = SimdLevel::supported()
+        .map(|l| (l, Precision::F32))
+        .collect();
+    if SimdLevel::has_vnni() {
+        v.push((SimdLevel::Avx512, Precision::Split24));
+    }
+    v
 }
 
 fn routes_of(model: &Model, tokens: &[u32]) -> Vec<Vec<Route>> {
@@ -49,9 +61,13 @@ fn logits_and_expert_choices_match_the_reference_on_every_fixture() {
             .forward(&mut model.new_state(), &tokens, Logits::All, None)
             .expect("reference");
         let want_routes = routes_of(&model, &tokens);
-        for level in SimdLevel::supported() {
+        for (level, precision) in variants() {
             for (threads, chunk) in [(1, 64), (2, 7)] {
-                let mut cpu = CpuModel::new(&model, opts(level, threads, chunk)).expect("cpu");
+                let o = CpuOptions {
+                    precision,
+                    ..opts(level, threads, chunk)
+                };
+                let mut cpu = CpuModel::new(&model, o).expect("cpu");
                 let mut st = cpu.new_state(64);
                 let mut routes: Vec<Vec<Route>> = Vec::new();
                 let logits = cpu
@@ -71,7 +87,7 @@ fn logits_and_expert_choices_match_the_reference_on_every_fixture() {
                     )
                     .expect("cpu forward")
                     .to_vec();
-                let what = format!("{name} {level:?} {threads}t chunk {chunk}");
+                let what = format!("{name} {level:?} {precision:?} {threads}t chunk {chunk}");
                 let err_ref = rel_l2(&logits, &want);
                 let err_mlx = rel_l2(&logits, &r.f32("logits"));
                 assert!(err_ref < 1e-5, "{what}: vs reference rel L2 {err_ref:e}");
@@ -94,11 +110,18 @@ fn logits_and_expert_choices_match_the_reference_on_every_fixture() {
 
 #[test]
 fn greedy_tokens_match_mlx_lm_for_16_steps() {
-    for name in MODELS {
+    for (name, (level, precision)) in MODELS
+        .iter()
+        .flat_map(|m| variants().into_iter().map(move |v| (*m, v)))
+    {
         let model = Model::open(&fixture(name)).expect("open");
         let r = Reference::open(name);
         let want = r.ids("greedy");
-        let mut cpu = CpuModel::new(&model, opts(SimdLevel::detect(), 2, 8)).expect("cpu");
+        let o = CpuOptions {
+            precision,
+            ..opts(level, 2, 8)
+        };
+        let mut cpu = CpuModel::new(&model, o).expect("cpu");
         let mut st = cpu.new_state(64);
         let mut next = argmax(
             cpu.forward(&mut st, &r.ids("tokens"), Logits::Last)
@@ -109,7 +132,7 @@ fn greedy_tokens_match_mlx_lm_for_16_steps() {
             got.push(next);
             next = argmax(cpu.forward(&mut st, &[next], Logits::Last).expect("step"));
         }
-        assert_eq!(got, want, "{name}");
+        assert_eq!(got, want, "{name} {level:?} {precision:?}");
     }
 }
 

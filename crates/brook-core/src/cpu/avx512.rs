@@ -112,19 +112,34 @@ pub(super) unsafe fn float_rows(dtype: DType, data: &[u8], x: &[f32], y: &mut [f
 /// 18 GB/s read baseline.
 #[inline(always)]
 fn prefetch_row(a: &Affine<'_>, r: usize, end: usize) {
-    const AHEAD: usize = 4;
+    const AHEAD: usize = 8;
     if r + AHEAD >= end {
         return;
     }
     let (p, s, b) = a.row(r + AHEAD);
     for line in (0..p.len()).step_by(64) {
         // SAFETY: prefetching has no memory effects; the address is inside `p`.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().add(line) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.as_ptr().add(line) as *const i8) };
     }
     for q in [s, b] {
         for line in (0..q.len()).step_by(64) {
             // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(q.as_ptr().add(line) as *const i8) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(q.as_ptr().add(line) as *const i8) };
+        }
+    }
+}
+
+/// Prefetches the first rows of a range, which `prefetch_row` would only reach after they
+/// are needed (a decode step runs many short ranges: 32-row units of 512-row experts).
+#[inline(always)]
+fn warm_rows(a: &Affine<'_>, start: usize, end: usize) {
+    for r in start..end.min(start + 4) {
+        let (p, s, b) = a.row(r);
+        for q in [p, s, b] {
+            for line in (0..q.len()).step_by(64) {
+                // SAFETY: prefetching has no memory effects; the address is inside `q`.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(q.as_ptr().add(line) as *const i8) };
+            }
         }
     }
 }
@@ -278,13 +293,38 @@ pub(super) unsafe fn affine_rows_split(
         // SAFETY: same contract as ours.
         return unsafe { affine_rows(a, xp, y, rows) };
     }
-    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
     let (g, fs) = (a.group, a.float.size());
     let sums = xp.sums(g);
     // SAFETY: the level's features are enabled in this function.
     let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
-    let end = rows.end;
-    for (yr, r) in y.iter_mut().zip(rows) {
+    let (start, end) = (rows.start, rows.end);
+    warm_rows(a, start, end);
+    let mut r = start;
+    if a.groups() <= QUAD_GROUPS {
+        let mut sb = [[0.0f32; QUAD_GROUPS + SCALE_PAD]; 4];
+        while r + 4 <= end {
+            for i in 0..4 {
+                prefetch_row(a, r + i, end);
+            }
+            // SAFETY: `check` sized the rows' bytes; XPrep sized digits, lane_inv and sums.
+            unsafe {
+                let rows4: [(&[u8], &[u8], &[u8]); 4] = std::array::from_fn(|i| a.row(r + i));
+                for (i, (_, sc, _)) in rows4.iter().enumerate() {
+                    widen(a.float, sc.as_ptr(), &mut sb[i][..a.groups()]);
+                }
+                let p4 = std::array::from_fn(|i| rows4[i].0.as_ptr());
+                let s4 = std::array::from_fn(|i| sb[i].as_ptr());
+                let tot = q4_split_rows4(p4, a.n, s4, digits.as_ptr(), lane_inv.as_ptr(), g, idx);
+                for i in 0..4 {
+                    let bias = dot_w(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups());
+                    y[r - start + i] = bias + _mm512_reduce_add_ps(tot[i]);
+                }
+            }
+            r += 4;
+        }
+    }
+    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
+    for (yr, r) in y[r - start..].iter_mut().zip(r..end) {
         prefetch_row(a, r, end);
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized digits, lane_inv and sums for a.n.
@@ -310,6 +350,64 @@ pub(super) unsafe fn affine_rows_split(
             acc += _mm512_reduce_add_ps(tot);
             *yr = acc;
         }
+    }
+}
+
+/// Groups per row up to which four rows are done at once (their scales widened side by side).
+const QUAD_GROUPS: usize = 256;
+
+/// Four rows of [`q4_split_seg`] sharing each block's activation digits: the digits are
+/// loaded once for four rows, which took the kernel off the load ports (one row at a time it
+/// issued nine 64-byte loads per 64 bytes of weights).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_split_rows4(
+    p: [*const u8; 4],
+    n: usize,
+    s: [*const f32; 4],
+    digits: *const i8,
+    lane_inv: *const f32,
+    g: usize,
+    idx: __m512i,
+) -> [__m512; 4] {
+    // SAFETY: each p[i] holds n/2 bytes, each s[i] n/g + 16 floats; digits 384 bytes and
+    // lane_inv 16 floats per 128-element block (rounded up).
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0F);
+        let z = _mm512_setzero_si512();
+        let gs = g.trailing_zeros();
+        let nw = n / 8;
+        let mut tot = [_mm512_setzero_ps(); 4];
+        let mut blk = 0;
+        while blk * 16 < nw {
+            let rem = nw - blk * 16;
+            let m: __mmask16 = if rem >= 16 {
+                u16::MAX
+            } else {
+                ((1u32 << rem) - 1) as u16
+            };
+            let dp = digits.add(blk * 384);
+            let d: [__m512i; 6] =
+                std::array::from_fn(|k| _mm512_loadu_si512(dp.add(64 * k) as *const _));
+            let li = _mm512_loadu_ps(lane_inv.add(blk * 16));
+            for i in 0..4 {
+                let w = _mm512_maskz_loadu_epi32(m, p[i].add(blk * 64) as *const i32);
+                let lo = _mm512_and_si512(w, nib);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
+                let a2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[0]), hi, d[1]);
+                let a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[2]), hi, d[3]);
+                let a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[4]), hi, d[5]);
+                let acc = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<16>(a2), _mm512_slli_epi32::<8>(a1)),
+                    a0,
+                );
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), li);
+                let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s[i].add((blk * 128) >> gs)));
+                tot[i] = _mm512_fmadd_ps(f, sv, tot[i]);
+            }
+            blk += 1;
+        }
+        tot
     }
 }
 
@@ -423,6 +521,7 @@ pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows
     // Lane j holds word j, 8 elements; a group spans g/8 words. SAFETY: features enabled here.
     let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
     let end = rows.end;
+    warm_rows(a, rows.start, end);
     for (yr, r) in y.iter_mut().zip(rows) {
         prefetch_row(a, r, end);
         let (p, s, b) = a.row(r);

@@ -9,7 +9,7 @@
 use crate::cpu::SimdLevel;
 use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::qmatmul::{XBatch, matmul_rows};
-use crate::cpu::qmatvec::{XPrep, check, matvec_rows};
+use crate::cpu::qmatvec::{Precision, XPrep, check, matvec_rows};
 use crate::error::{Error, Result};
 use crate::linear::LinearRef;
 
@@ -23,6 +23,8 @@ const ROWS: usize = 32;
 pub struct Exec<'p> {
     pub pool: &'p CpuPool,
     pub level: SimdLevel,
+    /// How one-token matvecs treat the activations.
+    pub precision: Precision,
 }
 
 /// Scratch for one input of [`Exec::linears`]: prepared forms of x.
@@ -61,7 +63,7 @@ impl Exec<'_> {
             }
         }
         if t == 1 {
-            s.prep.prepare(self.level, x);
+            s.prep.prepare_with(self.level, self.precision, x);
         } else {
             s.batch.prepare(self.level, x, n);
         }

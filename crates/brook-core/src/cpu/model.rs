@@ -15,7 +15,7 @@ use crate::cpu::mixer::{self, MixerScratch};
 use crate::cpu::moe::{self, MoeScratch};
 use crate::cpu::ops::{add, rms_norm_rows};
 use crate::cpu::qmatvec::{check, dequant_row};
-use crate::cpu::{CpuPool, SimdLevel};
+use crate::cpu::{CpuPool, Precision, SimdLevel};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
 use crate::model::state::{LayerState, SeqState};
@@ -34,6 +34,8 @@ pub struct CpuOptions {
     pub max_context: usize,
     /// SIMD level; `None` detects the best.
     pub level: Option<SimdLevel>,
+    /// How decode matvecs treat activations ([`Precision::F32`] unless chosen).
+    pub precision: Precision,
 }
 
 impl Default for CpuOptions {
@@ -43,6 +45,7 @@ impl Default for CpuOptions {
             max_chunk: 256,
             max_context: 4096,
             level: None,
+            precision: Precision::F32,
         }
     }
 }
@@ -199,6 +202,7 @@ impl<'m> CpuModel<'m> {
             let ex = Exec {
                 pool: &self.pool,
                 level: self.level,
+                precision: self.opts.precision,
             };
             let head = self.model.dense.lm_head.view();
             match want {
@@ -264,6 +268,7 @@ impl<'m> CpuModel<'m> {
         let ex = Exec {
             pool: &self.pool,
             level,
+            precision: self.opts.precision,
         };
         let (x, normed, delta) = (
             &mut self.x[..t * h],

@@ -214,7 +214,7 @@ fn decode(
         let wd = if slot < k { i_w } else { is };
         let (g, u) = (&mut s.hg[slot * width..][..wd], &s.hu[slot * width..][..wd]);
         swiglu_act(g, u);
-        s.preps[slot].prepare(level, g);
+        s.preps[slot].prepare_with(level, ex.precision, g);
     }
     let gs = sigmoid(s.sgate[0]);
     let h = cfg.hidden_size;
