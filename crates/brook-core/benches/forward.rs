@@ -116,11 +116,16 @@ fn main() -> Result<()> {
         "synthesized in {:.1} s; weights read per decoded token: {per_token:.3} GB",
         t0.elapsed().as_secs_f64()
     );
+    let precision = match std::env::var("BROOK_BENCH_PRECISION").as_deref() {
+        Ok("split24") => Precision::Split24,
+        _ => Precision::F32,
+    };
     let opts = CpuOptions {
         threads,
         max_chunk: 512,
         max_context: prompt + decode + 8,
         level: None,
+        precision,
     };
     let mut cpu = CpuModel::new(&model, opts)?;
     println!(

@@ -52,6 +52,15 @@ unsafe fn load_tail(dtype: DType, p: *const u8, i: usize, len: usize) -> __m512 
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn dot_w(dtype: DType, w: *const u8, x: *const f32, n: usize) -> f32 {
+    // SAFETY: forwarded.
+    unsafe { _mm512_reduce_add_ps(dot_w_vec(dtype, w, x, n)) }
+}
+
+/// [`dot_w`] left as 16 lane sums, so a caller can fold it into its own final reduction (a
+/// row's bias term Σβ·Σx took 5% of a decode step as a separate reduction).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn dot_w_vec(dtype: DType, w: *const u8, x: *const f32, n: usize) -> __m512 {
     // SAFETY: the caller guarantees n elements at both pointers.
     unsafe {
         let (mut a0, mut a1) = (_mm512_setzero_ps(), _mm512_setzero_ps());
@@ -73,7 +82,7 @@ pub(super) unsafe fn dot_w(dtype: DType, w: *const u8, x: *const f32, n: usize) 
             a0 = _mm512_fmadd_ps(wv, xv, a0);
             i += len;
         }
-        _mm512_reduce_add_ps(_mm512_add_ps(a0, a1))
+        _mm512_add_ps(a0, a1)
     }
 }
 
@@ -316,8 +325,8 @@ pub(super) unsafe fn affine_rows_split(
                 let s4 = std::array::from_fn(|i| sb[i].as_ptr());
                 let tot = q4_split_rows4(p4, a.n, s4, digits.as_ptr(), lane_inv.as_ptr(), g, idx);
                 for i in 0..4 {
-                    let bias = dot_w(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups());
-                    y[r - start + i] = bias + _mm512_reduce_add_ps(tot[i]);
+                    let bias = dot_w_vec(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups());
+                    y[r - start + i] = _mm512_reduce_add_ps(_mm512_add_ps(bias, tot[i]));
                 }
             }
             r += 4;
@@ -329,8 +338,7 @@ pub(super) unsafe fn affine_rows_split(
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized digits, lane_inv and sums for a.n.
         unsafe {
-            let mut acc = dot_w(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            let mut tot = _mm512_setzero_ps();
+            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
             for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
                 let ng = SEG_GROUPS.min(a.groups() - g0);
                 let e0 = g0 * g;
@@ -347,8 +355,7 @@ pub(super) unsafe fn affine_rows_split(
                 );
                 tot = _mm512_add_ps(tot, part);
             }
-            acc += _mm512_reduce_add_ps(tot);
-            *yr = acc;
+            *yr = _mm512_reduce_add_ps(tot);
         }
     }
 }
@@ -408,6 +415,44 @@ unsafe fn q4_split_rows4(
             blk += 1;
         }
         tot
+    }
+}
+
+/// Split24 digits of 32 activations (see [`super::qmatvec::Precision::Split24`]): with
+/// 2^e > max|x| (e clamped to [−100, 127]), X = round(x·2^(22−e)) split into balanced bytes
+/// X = d₂·2^16 + d₁·2^8 + d₀; the even elements' digits go to `out[0..16]` (d₂), `[128..]`
+/// (d₁), `[256..]` (d₀), the odd elements' to the same offsets + 64. Returns 2^(e−22).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn split_chunk(x: &[f32], out: &mut [i8]) -> f32 {
+    assert!(x.len() >= 32 && out.len() >= 336);
+    // SAFETY: bounds asserted above.
+    unsafe {
+        let (a, b) = (
+            _mm512_loadu_ps(x.as_ptr()),
+            _mm512_loadu_ps(x.as_ptr().add(16)),
+        );
+        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        let e = ((max.to_bits() >> 23) as i32 - 126).clamp(-100, 127);
+        let m = _mm512_set1_ps(f32::from_bits(((22 - e + 127) as u32) << 23));
+        let inv = f32::from_bits(((e - 22 + 127) as u32) << 23);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        let (c128, c255) = (_mm512_set1_epi32(128), _mm512_set1_epi32(255));
+        let low =
+            |v: __m512i| _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128);
+        for (idx, off) in [(even, 0), (odd, 64)] {
+            let v = _mm512_permutex2var_ps(a, idx, b);
+            let big = _mm512_cvtps_epi32(_mm512_mul_ps(v, m));
+            let d0 = low(big);
+            let r = _mm512_srai_epi32::<8>(_mm512_sub_epi32(big, d0));
+            let d1 = low(r);
+            let d2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(r, d1));
+            let o = out.as_mut_ptr().add(off);
+            _mm_storeu_si128(o as *mut __m128i, _mm512_cvtepi32_epi8(d2));
+            _mm_storeu_si128(o.add(128) as *mut __m128i, _mm512_cvtepi32_epi8(d1));
+            _mm_storeu_si128(o.add(256) as *mut __m128i, _mm512_cvtepi32_epi8(d0));
+        }
+        inv
     }
 }
 
@@ -527,8 +572,7 @@ pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized x, lanes and sums for a.n.
         unsafe {
-            let mut acc = dot_w(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            let mut tot = _mm512_setzero_ps();
+            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
             for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
                 let ng = SEG_GROUPS.min(a.groups() - g0);
                 let (e0, ne) = (g0 * g, ng * g);
@@ -545,8 +589,7 @@ pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows
                 };
                 tot = _mm512_add_ps(tot, part);
             }
-            acc += _mm512_reduce_add_ps(tot);
-            *yr = acc;
+            *yr = _mm512_reduce_add_ps(tot);
         }
     }
 }
