@@ -8,6 +8,7 @@ pub mod aligned;
 pub mod checkpoint;
 pub mod config;
 pub mod container;
+pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod experts;
