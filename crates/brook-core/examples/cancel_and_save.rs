@@ -34,7 +34,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         cancel: Some(cancel),
         ..Default::default()
     };
-    let c = session.chat(Message::new("user", "Write a long story."), &opts, &mut |_| {})?;
+    let c = session.chat(
+        Message::new("user", "Write a long story."),
+        &opts,
+        &mut |_| {},
+    )?;
     stopper.join().ok();
     println!("stopped after {} tokens: {:?}", c.tokens.len(), c.finish);
 

@@ -45,6 +45,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     session.chat(Message::new("user", question), &opts, &mut print)?;
     // The second turn reuses the state: only the new tokens are prefilled.
-    session.chat(Message::new("user", "Say that in one sentence."), &opts, &mut print)?;
+    session.chat(
+        Message::new("user", "Say that in one sentence."),
+        &opts,
+        &mut print,
+    )?;
     Ok(())
 }

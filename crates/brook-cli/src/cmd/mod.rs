@@ -88,7 +88,13 @@ impl ModelArgs {
             )
             .into());
         }
+        let backend = match self.backend.as_str() {
+            "reference" => brook_core::model::open::Backend::Reference,
+            _ => brook_core::model::open::Backend::Cpu,
+        };
         Ok(brook_core::model::open::OpenOptions {
+            backend,
+            threads: self.threads,
             memory_budget: self
                 .memory_budget
                 .as_deref()
@@ -116,6 +122,7 @@ impl ModelArgs {
 /// Runs forward passes with the compute path the flags chose.
 pub struct Runner<'m> {
     model: &'m brook_core::Model,
+    cpu: Option<brook_core::cpu::CpuModel<'m>>,
 }
 
 impl std::fmt::Debug for Runner<'_> {
@@ -125,8 +132,32 @@ impl std::fmt::Debug for Runner<'_> {
 }
 
 impl<'m> Runner<'m> {
-    pub fn new(model: &'m brook_core::Model, _args: &ModelArgs) -> Result<Self> {
-        Ok(Runner { model })
+    pub fn new(model: &'m brook_core::Model, args: &ModelArgs) -> Result<Self> {
+        let opts = args.options()?;
+        let cpu = match opts.backend {
+            brook_core::model::open::Backend::Reference => None,
+            brook_core::model::open::Backend::Cpu => {
+                let mut o = brook_core::cpu::CpuOptions {
+                    max_chunk: opts.prefill_chunk,
+                    max_context: opts.context,
+                    precision: opts.precision,
+                    ..Default::default()
+                };
+                if let Some(t) = opts.threads {
+                    o.threads = t.max(1);
+                }
+                Some(brook_core::cpu::CpuModel::new(model, o)?)
+            }
+        };
+        Ok(Runner { model, cpu })
+    }
+
+    /// A fresh state (with KV room for the context when the CPU backend runs).
+    pub fn new_state(&self, context: usize) -> brook_core::model::state::SeqState {
+        match &self.cpu {
+            Some(c) => c.new_state(context),
+            None => self.model.new_state(),
+        }
     }
 
     pub fn forward(
@@ -135,7 +166,10 @@ impl<'m> Runner<'m> {
         tokens: &[u32],
         want: brook_core::Logits,
     ) -> Result<Vec<f32>> {
-        Ok(self.model.forward(state, tokens, want, None)?)
+        match &mut self.cpu {
+            Some(c) => Ok(c.forward(state, tokens, want)?.to_vec()),
+            None => Ok(self.model.forward(state, tokens, want, None)?),
+        }
     }
 }
 

@@ -50,10 +50,27 @@ impl Default for CpuOptions {
     }
 }
 
-/// The fast CPU forward pass over a borrowed [`Model`].
+/// The model a [`CpuModel`] runs: borrowed, or shared with its owner (a session's `Llm`).
+#[derive(Debug, Clone)]
+enum ModelRef<'m> {
+    Borrowed(&'m Model),
+    Shared(std::sync::Arc<Model>),
+}
+
+impl std::ops::Deref for ModelRef<'_> {
+    type Target = Model;
+    fn deref(&self) -> &Model {
+        match self {
+            ModelRef::Borrowed(m) => m,
+            ModelRef::Shared(m) => m,
+        }
+    }
+}
+
+/// The fast CPU forward pass over a [`Model`].
 #[derive(Debug)]
 pub struct CpuModel<'m> {
-    model: &'m Model,
+    model: ModelRef<'m>,
     pool: CpuPool,
     level: SimdLevel,
     opts: CpuOptions,
@@ -68,9 +85,21 @@ pub struct CpuModel<'m> {
     logits: Vec<f32>, // [V] or [T, V]
 }
 
+impl CpuModel<'static> {
+    /// Like [`CpuModel::new`] for a model shared through an `Arc`.
+    pub fn new_shared(model: std::sync::Arc<Model>, opts: CpuOptions) -> Result<Self> {
+        Self::build(ModelRef::Shared(model), opts)
+    }
+}
+
 impl<'m> CpuModel<'m> {
     /// Checks every resident weight once and sizes all scratch.
     pub fn new(model: &'m Model, opts: CpuOptions) -> Result<Self> {
+        Self::build(ModelRef::Borrowed(model), opts)
+    }
+
+    fn build(model_ref: ModelRef<'m>, opts: CpuOptions) -> Result<Self> {
+        let model: &Model = &model_ref;
         let cfg = &model.cfg;
         if opts.max_chunk == 0 {
             return Err(Error::Invalid("max_chunk must be at least 1".into()));
@@ -127,7 +156,7 @@ impl<'m> CpuModel<'m> {
             delta: vec![0.0; c * h],
             head: XScratch::default(),
             logits: vec![0.0; cfg.vocab_size],
-            model,
+            model: model_ref.clone(),
         })
     }
 
@@ -263,7 +292,9 @@ impl<'m> CpuModel<'m> {
         tokens: &[u32],
         trace: &mut Option<&mut dyn FnMut(Stage<'_>)>,
     ) -> Result<()> {
-        let (model, cfg) = (self.model, &self.model.cfg);
+        // A cheap handle (a reference copy or an Arc count), so `self`'s scratch stays free.
+        let model_ref = self.model.clone();
+        let (model, cfg): (&Model, &_) = (&model_ref, &model_ref.cfg);
         let (h, t, level, eps) = (cfg.hidden_size, tokens.len(), self.level, cfg.rms_norm_eps);
         let ex = Exec {
             pool: &self.pool,
@@ -313,6 +344,9 @@ impl<'m> CpuModel<'m> {
             }
             add(level, delta, x);
             rms_norm_rows(level, x, &layer.post_attention_layernorm, eps, normed);
+            if model.prefetch {
+                model.prefetch_next(i, x);
+            }
             moe::forward(
                 &ex,
                 &layer.mlp,

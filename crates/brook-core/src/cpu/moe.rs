@@ -168,6 +168,9 @@ fn decode(
     );
     s.handles.clear();
     experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
+    for hd in &s.handles {
+        hd.wait()?;
+    }
     if s.handles.len() != k {
         return Err(Error::Invalid(format!(
             "expert source returned {} of {k} experts",
@@ -312,42 +315,53 @@ fn prefill(
     s.needed.clear();
     s.needed
         .extend((0..e_n).filter(|&e| s.start[e + 1] > s.start[e]));
-    s.handles.clear();
-    experts.fetch_into(layer, &s.needed, &mut s.handles)?;
-    if s.handles.len() != s.needed.len() {
-        return Err(Error::Invalid(
-            "expert source returned too few experts".into(),
-        ));
-    }
-    for (idx, &e) in s.needed.iter().enumerate() {
-        let v = s.handles[idx].view();
-        let (a, b) = (s.start[e], s.start[e + 1]);
-        let n = b - a;
-        for (r, &(ti, _)) in s.bucket[a..b].iter().enumerate() {
-            s.xe[r * h..(r + 1) * h].copy_from_slice(&x[ti * h..(ti + 1) * h]);
+    // Fetch in ascending batches no larger than the source holds at once (every expert read
+    // at most once per chunk); each token's sum runs in ascending expert order either way.
+    let batch = experts.capacity().max(1);
+    let mut from = 0;
+    while from < s.needed.len() {
+        let to = (from + batch).min(s.needed.len());
+        s.handles.clear();
+        experts.fetch_into(layer, &s.needed[from..to], &mut s.handles)?;
+        if s.handles.len() != to - from {
+            return Err(Error::Invalid(
+                "expert source returned too few experts".into(),
+            ));
         }
-        ex.linears(
-            &s.xe[..n * h],
-            n,
-            &mut s.xs,
-            &mut [
-                (v.gate_proj, &mut s.hg[..n * i_w]),
-                (v.up_proj, &mut s.hu[..n * i_w]),
-            ],
-        )?;
-        swiglu_act(&mut s.hg[..n * i_w], &s.hu[..n * i_w]);
-        ex.linears(
-            &s.hg[..n * i_w],
-            n,
-            &mut s.hs,
-            &mut [(v.down_proj, &mut s.ye[..n * h])],
-        )?;
-        for (r, &(ti, we)) in s.bucket[a..b].iter().enumerate() {
-            let o = &mut out[ti * h..(ti + 1) * h];
-            for (oi, yi) in o.iter_mut().zip(&s.ye[r * h..(r + 1) * h]) {
-                *oi += we * yi;
+        for idx in from..to {
+            let e = s.needed[idx];
+            s.handles[idx - from].wait()?;
+            let v = s.handles[idx - from].view();
+            let (a, b) = (s.start[e], s.start[e + 1]);
+            let n = b - a;
+            for (r, &(ti, _)) in s.bucket[a..b].iter().enumerate() {
+                s.xe[r * h..(r + 1) * h].copy_from_slice(&x[ti * h..(ti + 1) * h]);
+            }
+            ex.linears(
+                &s.xe[..n * h],
+                n,
+                &mut s.xs,
+                &mut [
+                    (v.gate_proj, &mut s.hg[..n * i_w]),
+                    (v.up_proj, &mut s.hu[..n * i_w]),
+                ],
+            )?;
+            swiglu_act(&mut s.hg[..n * i_w], &s.hu[..n * i_w]);
+            ex.linears(
+                &s.hg[..n * i_w],
+                n,
+                &mut s.hs,
+                &mut [(v.down_proj, &mut s.ye[..n * h])],
+            )?;
+            for (r, &(ti, we)) in s.bucket[a..b].iter().enumerate() {
+                let o = &mut out[ti * h..(ti + 1) * h];
+                for (oi, yi) in o.iter_mut().zip(&s.ye[r * h..(r + 1) * h]) {
+                    *oi += we * yi;
+                }
             }
         }
+        from = to;
     }
+    s.handles.clear();
     Ok(())
 }
