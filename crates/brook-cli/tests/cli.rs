@@ -6,7 +6,11 @@ use std::process::Command;
 use brook_core::safetensors::SafeFile;
 
 fn brook() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_brook"))
+    // Checkpoint folders are repacked into the store on first use: keep that store private.
+    let home = std::env::temp_dir().join(format!("brook-cli-test-{}", std::process::id()));
+    let mut c = Command::new(env!("CARGO_BIN_EXE_brook"));
+    c.env("BROOK_HOME", home);
+    c
 }
 
 fn fixture(name: &str) -> PathBuf {

@@ -110,6 +110,8 @@ fn main() -> Result<()> {
         dense,
         experts: Box::new(Positional(experts)),
         delta_mode: DeltaMode::Auto,
+        prefetch: false,
+        prefill_chunk: 512,
     };
     let per_token = (dense_bytes + expert_bytes) as f64 / 1e9;
     println!(

@@ -336,7 +336,20 @@ impl Session {
         let mut text = TextStream::new(tok.clone(), stream);
         self.snapshot_at = split.map(|n| (self.fed.len() + n, base.clone()));
         self.text = prompt;
-        let completion = self.generate(&ids, opts, Some(&mut text), on_event)?;
+        let completion = match self.generate(&ids, opts, Some(&mut text), on_event) {
+            Ok(c) => c,
+            Err(e) => {
+                // The state may hold part of the prompt: drop it rather than let text and
+                // state disagree, and take the message back so a retry starts clean.
+                self.state = self.llm.model.new_state();
+                self.fed.clear();
+                self.text.clear();
+                self.snapshot = None;
+                self.snapshot_at = None;
+                self.messages.pop();
+                return Err(e);
+            }
+        };
         let mut reply = Message::new("assistant", completion.content.clone());
         if !completion.reasoning.is_empty() {
             reply.reasoning_content = Some(completion.reasoning.clone());

@@ -157,7 +157,8 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 fn run_one(a: &Args) -> Result<Row> {
     let t0 = Instant::now();
     let opts = a.model.options()?;
-    let model = brook_core::Model::open_with(&a.model.model, &opts)?;
+    let path = a.model.path()?;
+    let model = brook_core::Model::open_with(&path, &opts)?;
     let open_s = t0.elapsed().as_secs_f64();
     let cfg = model.cfg.clone();
     let threads = a
@@ -166,10 +167,10 @@ fn run_one(a: &Args) -> Result<Row> {
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut runner = super::Runner::new(&model, &a.model)?;
 
-    let container = brook_core::container::is_container(&a.model.model);
-    let (model_bytes, expert_bytes) = model_sizes(&a.model.model)?;
+    let container = brook_core::container::is_container(&path);
+    let (model_bytes, expert_bytes) = model_sizes(&path)?;
     let disk_bw = if container && a.disk_secs > 0.0 {
-        let c = brook_core::container::Container::open(&a.model.model)?;
+        let c = brook_core::container::Container::open(&path)?;
         brook_core::experts::store::ExpertStore::open(&c)?.measure_bandwidth(8, a.disk_secs)?
     } else {
         0.0

@@ -59,7 +59,7 @@ impl Ui {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let llm = Arc::new(Llm::open(&a.model.model, a.model.options()?)?);
+    let llm = Arc::new(Llm::open(&a.model.path()?, a.model.options()?)?);
     llm.tokenizer()?;
     let ui = Ui {
         color: std::io::stdout().is_terminal(),

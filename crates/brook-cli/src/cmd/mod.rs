@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod chat;
+pub mod demo;
 pub mod generate;
 pub mod list;
 pub mod logits;

@@ -154,10 +154,29 @@ fn short(path: &str) -> &str {
 /// what is missing), else the stored model of that name (`brook list`).
 pub fn resolve_model(model: &Path) -> Result<PathBuf> {
     let name = model.to_string_lossy();
-    if model.exists() || brook_core::store::folder_name(&name).is_err() {
+    let checkpoint = model.is_dir()
+        && !brook_core::container::is_container(model)
+        && model.join("config.json").is_file();
+    if (model.exists() && !checkpoint)
+        || (!model.exists() && brook_core::store::folder_name(&name).is_err())
+    {
         return Ok(model.to_path_buf());
     }
-    Ok(Store::from_env()?.resolve(&name, &mut |_| {})?)
+    // A checkpoint folder is repacked into the store on first use; later runs reuse it.
+    let bar = super::byte_bar(0, "repack");
+    let path = Store::from_env()?.resolve(&name, &mut |e| match e {
+        brook_core::store::StoreEvent::Repacking { source, into } => eprintln!(
+            "first use of checkpoint {}: repacking it into {} (once)",
+            source.display(),
+            into.display()
+        ),
+        brook_core::store::StoreEvent::Repack(p) => {
+            bar.set_length(p.bytes_total);
+            bar.set_position(p.bytes_done);
+        }
+    })?;
+    bar.finish_and_clear();
+    Ok(path)
 }
 
 /// Exit status of a Hub error: 2 bad name or access, 3 bad download, 4 disk, 5 network or Hub.

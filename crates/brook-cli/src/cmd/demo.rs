@@ -1,0 +1,127 @@
+//! `brook demo`: brook's main job with no download. Synthesizes (once, cached in the store)
+//! a random container with the real shapes of Qwen3.6-35B-A3B, streams it under a memory
+//! budget, prints a short generation and the bench rows.
+
+use std::time::Instant;
+
+use anyhow::Result;
+use brook_core::container::repack::repack;
+use brook_core::synth::{self, SynthStore};
+
+/// Run the 35B-shaped model from the SSD under a small budget: synthesize it once, generate,
+/// and print benchmark rows.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Example:\n  brook demo                      # Qwen3.6-35B-A3B shapes, 3 GiB budget\n  brook demo --preset qwen3-next-80b-a3b --memory-budget 4GiB"
+)]
+pub struct Args {
+    /// Model shapes to synthesize.
+    #[arg(long, default_value = "qwen3.6-35b-a3b")]
+    preset: String,
+    /// Memory budget to stream under.
+    #[arg(long, default_value = "3GiB")]
+    memory_budget: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 16)]
+    max_tokens: usize,
+    /// Prompt tokens of the prefill row.
+    #[arg(short = 'p', long, default_value_t = 128)]
+    n_prompt: usize,
+    /// Generated tokens of the decode row.
+    #[arg(short = 'n', long, default_value_t = 32)]
+    n_gen: usize,
+    /// Compute threads (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+pub fn run(a: Args) -> Result<()> {
+    let store = brook_core::store::Store::from_env()?;
+    let dir = store
+        .root()
+        .join("synth")
+        .join(format!("{}-4bit", a.preset));
+    if !brook_core::container::is_container(&dir) {
+        let s = SynthStore::new(&a.preset, 4, 0)?;
+        eprintln!(
+            "synthesizing a random {} container ({:.1} GB, once) in {}",
+            a.preset,
+            s.total_bytes() as f64 / 1e9,
+            dir.display()
+        );
+        std::fs::create_dir_all(&dir)?;
+        synth::check_free_space(&dir, s.total_bytes())?;
+        let bar = super::byte_bar(s.total_bytes(), "synth");
+        let t = Instant::now();
+        repack(&s.repack_source(), &dir, &mut |p| {
+            bar.set_length(p.bytes_total);
+            bar.set_position(p.bytes_done);
+        })?;
+        bar.finish_and_clear();
+        eprintln!("done in {:.0} s", t.elapsed().as_secs_f64());
+    }
+    let args = super::ModelArgs {
+        model: dir.clone(),
+        memory_budget: Some(a.memory_budget.clone()),
+        expert_cache: None,
+        context: 4096,
+        prefetch: false,
+        backend: "cpu".into(),
+        threads: a.threads,
+    };
+    let model = brook_core::Model::open_with(&dir, &args.options()?)?;
+    let mut runner = super::Runner::new(&model, &args)?;
+    println!(
+        "{} (random weights, real shapes) streaming under {}: {} expert slots of {}",
+        a.preset,
+        a.memory_budget,
+        model
+            .experts
+            .capacity()
+            .min(model.cfg.num_experts * model.cfg.num_hidden_layers),
+        model.cfg.num_experts * model.cfg.num_hidden_layers
+    );
+    let prompt: Vec<u32> = vec![9707, 11, 1879, 0, 151644, 872, 198];
+    let mut st = runner.new_state(4096);
+    let t = Instant::now();
+    let mut logits = runner.forward(&mut st, &prompt, brook_core::Logits::Last)?;
+    let mut out = Vec::new();
+    for _ in 0..a.max_tokens {
+        let next = logits
+            .iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map_or(0, |(i, _)| i as u32);
+        out.push(next.to_string());
+        logits = runner.forward(&mut st, &[next], brook_core::Logits::Last)?;
+    }
+    println!(
+        "greedy generation ({} tokens in {:.1} s; random weights, so the ids are noise): {}",
+        a.max_tokens,
+        t.elapsed().as_secs_f64(),
+        out.join(" ")
+    );
+    drop(runner);
+    drop(model);
+    // The bench rows, in a fresh process so peak RSS is its own.
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("bench").arg("--model").arg(&dir);
+    cmd.args([
+        "--memory-budget",
+        &a.memory_budget,
+        "-r",
+        "1",
+        "--disk-secs",
+        "2",
+    ]);
+    cmd.args(["-p", &a.n_prompt.to_string(), "-n", &a.n_gen.to_string()]);
+    if let Some(t) = a.threads {
+        cmd.args(["--threads", &t.to_string()]);
+    }
+    let status = cmd.status()?;
+    if !status.success() {
+        anyhow::bail!("brook bench failed");
+    }
+    Ok(())
+}
