@@ -25,6 +25,7 @@ enum Command {
     Verify(cmd::verify::Args),
     Synth(cmd::synth::Args),
     Bench(cmd::bench::Args),
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +41,7 @@ fn main() -> ExitCode {
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

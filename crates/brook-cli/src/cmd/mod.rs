@@ -4,6 +4,7 @@ pub mod bench;
 pub mod generate;
 pub mod logits;
 pub mod repack;
+pub mod serve;
 pub mod synth;
 pub mod verify;
 
