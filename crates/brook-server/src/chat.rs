@@ -138,9 +138,15 @@ pub(crate) fn sse(ticket: Ticket, chunker: Chunker, first: Vec<Value>, app: &App
         pending: first.iter().map(data).collect(),
         finished: false,
     };
-    Sse::new(stream)
+    let mut r = Sse::new(stream)
         .keep_alive(KeepAlive::new().interval(app.config.keep_alive))
-        .into_response()
+        .into_response();
+    // Tell nginx-style proxies to pass tokens on as they come.
+    r.headers_mut().insert(
+        "x-accel-buffering",
+        axum::http::HeaderValue::from_static("no"),
+    );
+    r
 }
 
 fn data(v: &Value) -> SseEvent {
@@ -183,7 +189,7 @@ impl ChunkStream {
     }
 }
 
-impl tokio_stream::Stream for ChunkStream {
+impl futures_core::Stream for ChunkStream {
     type Item = Result<SseEvent, Infallible>;
 
     fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {

@@ -120,13 +120,23 @@ pub fn router(llm: Arc<Llm>, config: Config) -> std::io::Result<Router> {
         )))
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves.
+/// Serves `router` on `listener` until `stop` resolves. Connections still open then (a long
+/// stream) are not waited for: they end with the runtime, so stopping never waits for a
+/// generation to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
-    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
+    use std::future::{Future, IntoFuture};
+    use std::task::Poll;
+    let mut server = std::pin::pin!(axum::serve(listener, router).into_future());
+    let mut stop = std::pin::pin!(stop);
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(r) = server.as_mut().poll(cx) {
+            return Poll::Ready(r);
+        }
+        stop.as_mut().poll(cx).map(|()| Ok(()))
+    })
+    .await
 }

@@ -87,12 +87,12 @@ pub fn run(a: Args) -> Result<()> {
         let bound = listener.local_addr()?;
         // Tests and scripts read this line to find the port.
         println!("brook serve: model `{model_id}` on http://{bound}/ (API at http://{bound}/v1)");
-        // Ctrl-C ends the process at once, open streams included (a graceful shutdown would
-        // wait for the longest generation).
-        tokio::select! {
-            r = brook_server::serve(listener, router, std::future::pending()) => r?,
-            _ = tokio::signal::ctrl_c() => eprintln!("stopping"),
-        }
+        // Ctrl-C ends the process at once, open streams included.
+        let stop = async {
+            let _ = tokio::signal::ctrl_c().await;
+            eprintln!("stopping");
+        };
+        brook_server::serve(listener, router, stop).await?;
         Ok(())
     })
 }

@@ -94,15 +94,15 @@ pub fn start(config: brook_server::Config) -> TestServer {
             let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind");
-            addr_tx.send(listener.local_addr().expect("addr")).expect("send");
+            addr_tx
+                .send(listener.local_addr().expect("addr"))
+                .expect("send");
             let stop = async {
                 let _ = stop_rx.await;
             };
-            // Streams still open at shutdown are cut, not awaited.
-            tokio::select! {
-                r = brook_server::serve(listener, router, std::future::pending()) => r.expect("serve"),
-                _ = stop => {}
-            }
+            brook_server::serve(listener, router, stop)
+                .await
+                .expect("serve");
         });
     });
     let addr = addr_rx
