@@ -25,6 +25,11 @@ enum Command {
     Verify(cmd::verify::Args),
     Synth(cmd::synth::Args),
     Bench(cmd::bench::Args),
+    Tokenize(cmd::tokenize::Args),
+    Chat(cmd::chat::Args),
+    Pull(cmd::pull::Args),
+    List(cmd::list::Args),
+    Rm(cmd::rm::Args),
     Serve(cmd::serve::Args),
 }
 
@@ -41,6 +46,11 @@ fn main() -> ExitCode {
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(a) => cmd::bench::run(a),
+        Command::Tokenize(a) => cmd::tokenize::run(a),
+        Command::Chat(a) => cmd::chat::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
+        Command::List(a) => cmd::list::run(a),
+        Command::Rm(a) => cmd::rm::run(a),
         Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
@@ -52,9 +62,13 @@ fn main() -> ExitCode {
     }
 }
 
-/// Exit status by error kind: 2 bad usage or input, 3 bad model files, 4 I/O, 1 anything else.
+/// Exit status by error kind: 2 bad usage or input, 3 bad model files, 4 I/O, 5 network or
+/// Hub, 1 anything else.
 fn exit_code(e: &anyhow::Error) -> u8 {
     use brook_core::Error as E;
+    if let Some(h) = e.downcast_ref::<brook_hub::Error>() {
+        return cmd::pull::exit_code(h);
+    }
     match e.downcast_ref::<E>() {
         Some(E::Invalid(_) | E::Text(_)) => 2,
         Some(

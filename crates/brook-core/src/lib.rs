@@ -8,6 +8,7 @@ pub mod aligned;
 pub mod checkpoint;
 pub mod config;
 pub mod container;
+pub mod cpu;
 pub mod dtype;
 pub mod error;
 pub mod experts;
@@ -16,6 +17,7 @@ pub mod model;
 pub mod quant;
 pub mod safetensors;
 pub mod session;
+pub mod store;
 pub mod synth;
 pub mod text;
 

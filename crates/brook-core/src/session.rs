@@ -24,7 +24,9 @@ use crate::text::{
 /// A loaded model with everything needed to turn text into tokens and back.
 #[derive(Debug)]
 pub struct Llm {
-    pub model: Model,
+    pub model: Arc<Model>,
+    /// The fast CPU pass over `model`, unless the reference backend was chosen.
+    cpu: Option<std::sync::Mutex<crate::cpu::CpuModel<'static>>>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub template: Option<ChatTemplate>,
     pub generation: GenerationConfig,
@@ -121,7 +123,25 @@ pub struct Completion {
 impl Llm {
     /// Opens a container or checkpoint folder; tokenizer and template are optional.
     pub fn open(dir: &Path, options: OpenOptions) -> Result<Self> {
-        let model = Model::open_with(dir, &options)?;
+        let model = Arc::new(Model::open_with(dir, &options)?);
+        let cpu = match options.backend {
+            crate::model::open::Backend::Reference => None,
+            crate::model::open::Backend::Cpu => {
+                let mut o = crate::cpu::CpuOptions {
+                    max_chunk: options.prefill_chunk,
+                    max_context: options.context,
+                    precision: options.precision,
+                    ..Default::default()
+                };
+                if let Some(t) = options.threads {
+                    o.threads = t.max(1);
+                }
+                Some(std::sync::Mutex::new(crate::cpu::CpuModel::new_shared(
+                    model.clone(),
+                    o,
+                )?))
+            }
+        };
         let tokenizer = Tokenizer::from_dir(dir)?.map(Arc::new);
         let template = ChatTemplate::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
@@ -132,6 +152,7 @@ impl Llm {
         let stop_ids = generation.stop_ids(&model.cfg.eos_token_ids, tok_eos);
         Ok(Llm {
             model,
+            cpu,
             tokenizer,
             template,
             generation,
@@ -139,6 +160,18 @@ impl Llm {
             dir: dir.to_path_buf(),
             options,
         })
+    }
+
+    /// Feeds `tokens` into `state` with the configured backend and returns the logits asked
+    /// for.
+    pub fn forward(&self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
+        match &self.cpu {
+            Some(cpu) => {
+                let mut cpu = cpu.lock().unwrap_or_else(|p| p.into_inner());
+                Ok(cpu.forward(state, tokens, want)?.to_vec())
+            }
+            None => self.model.forward(state, tokens, want, None),
+        }
     }
 
     /// A new, empty conversation.

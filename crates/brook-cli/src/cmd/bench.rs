@@ -185,7 +185,7 @@ fn run_one(a: &Args) -> Result<Row> {
     };
     // Warm-up: one short prefill and a few steps (not counted).
     {
-        let mut st = model.new_state();
+        let mut st = runner.new_state(a.model.context);
         let p: Vec<u32> = (0..8).map(|_| token()).collect();
         runner.forward(&mut st, &p, Logits::Last)?;
         for _ in 0..2 {
@@ -198,7 +198,7 @@ fn run_one(a: &Args) -> Result<Row> {
     if a.n_prompt > 0 {
         for _ in 0..a.repetitions {
             let prompt: Vec<u32> = (0..a.n_prompt).map(|_| token()).collect();
-            let mut st = model.new_state();
+            let mut st = runner.new_state(a.model.context);
             let t = Instant::now();
             let logits = runner.forward(&mut st, &prompt, Logits::Last)?;
             let _first = argmax(&logits);
@@ -212,7 +212,7 @@ fn run_one(a: &Args) -> Result<Row> {
     let mut steps = 0u64;
     if a.n_gen > 0 {
         for _ in 0..a.repetitions {
-            let mut st = model.new_state();
+            let mut st = runner.new_state(a.model.context);
             let first = token();
             let mut logits = runner.forward(&mut st, &[first], Logits::Last)?;
             let t = Instant::now();

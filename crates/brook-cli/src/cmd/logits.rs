@@ -26,8 +26,9 @@ pub struct Args {
 pub fn run(a: Args) -> Result<()> {
     let tokens = super::parse_tokens(&a.tokens)?;
     let model = a.model.open()?;
-    let mut state = model.new_state();
-    let logits = model.forward(&mut state, &tokens, Logits::All, None)?;
+    let mut runner = super::Runner::new(&model, &a.model)?;
+    let mut state = runner.new_state(tokens.len());
+    let logits = runner.forward(&mut state, &tokens, Logits::All)?;
     let bytes = safetensors::f32_bytes(&logits);
     let tensor = TensorOut {
         name: "logits".into(),

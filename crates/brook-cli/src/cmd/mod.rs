@@ -1,11 +1,16 @@
 //! One module per subcommand, plus what they share.
 
 pub mod bench;
+pub mod chat;
 pub mod generate;
+pub mod list;
 pub mod logits;
+pub mod pull;
 pub mod repack;
+pub mod rm;
 pub mod serve;
 pub mod synth;
+pub mod tokenize;
 pub mod verify;
 
 use anyhow::Result;
@@ -51,7 +56,8 @@ pub fn byte_bar(total: u64, what: &str) -> indicatif::ProgressBar {
 /// Flags shared by every command that runs a model.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ModelArgs {
-    /// Model: a brook container, or an MLX checkpoint folder (loaded whole).
+    /// Model: a brook container, an MLX checkpoint folder (loaded whole), or the name of a
+    /// model in the store (`brook pull`, `brook list`).
     #[arg(long)]
     pub model: std::path::PathBuf,
     /// Hard ceiling on memory, e.g. 3GiB or 2500M; default: from the cgroup limit and free memory.
@@ -83,7 +89,13 @@ impl ModelArgs {
             )
             .into());
         }
+        let backend = match self.backend.as_str() {
+            "reference" => brook_core::model::open::Backend::Reference,
+            _ => brook_core::model::open::Backend::Cpu,
+        };
         Ok(brook_core::model::open::OpenOptions {
+            backend,
+            threads: self.threads,
             memory_budget: self
                 .memory_budget
                 .as_deref()
@@ -96,15 +108,22 @@ impl ModelArgs {
         })
     }
 
+    /// The model folder `--model` names (a store name resolved to its container).
+    pub fn path(&self) -> Result<std::path::PathBuf> {
+        pull::resolve_model(&self.model)
+    }
+
     /// Opens the model.
     pub fn open(&self) -> Result<brook_core::Model> {
-        Ok(brook_core::Model::open_with(&self.model, &self.options()?)?)
+        let path = self.path()?;
+        Ok(brook_core::Model::open_with(&path, &self.options()?)?)
     }
 }
 
 /// Runs forward passes with the compute path the flags chose.
 pub struct Runner<'m> {
     model: &'m brook_core::Model,
+    cpu: Option<brook_core::cpu::CpuModel<'m>>,
 }
 
 impl std::fmt::Debug for Runner<'_> {
@@ -114,8 +133,32 @@ impl std::fmt::Debug for Runner<'_> {
 }
 
 impl<'m> Runner<'m> {
-    pub fn new(model: &'m brook_core::Model, _args: &ModelArgs) -> Result<Self> {
-        Ok(Runner { model })
+    pub fn new(model: &'m brook_core::Model, args: &ModelArgs) -> Result<Self> {
+        let opts = args.options()?;
+        let cpu = match opts.backend {
+            brook_core::model::open::Backend::Reference => None,
+            brook_core::model::open::Backend::Cpu => {
+                let mut o = brook_core::cpu::CpuOptions {
+                    max_chunk: opts.prefill_chunk,
+                    max_context: opts.context,
+                    precision: opts.precision,
+                    ..Default::default()
+                };
+                if let Some(t) = opts.threads {
+                    o.threads = t.max(1);
+                }
+                Some(brook_core::cpu::CpuModel::new(model, o)?)
+            }
+        };
+        Ok(Runner { model, cpu })
+    }
+
+    /// A fresh state (with KV room for the context when the CPU backend runs).
+    pub fn new_state(&self, context: usize) -> brook_core::model::state::SeqState {
+        match &self.cpu {
+            Some(c) => c.new_state(context),
+            None => self.model.new_state(),
+        }
     }
 
     pub fn forward(
@@ -124,7 +167,10 @@ impl<'m> Runner<'m> {
         tokens: &[u32],
         want: brook_core::Logits,
     ) -> Result<Vec<f32>> {
-        Ok(self.model.forward(state, tokens, want, None)?)
+        match &mut self.cpu {
+            Some(c) => Ok(c.forward(state, tokens, want)?.to_vec()),
+            None => Ok(self.model.forward(state, tokens, want, None)?),
+        }
     }
 }
 
@@ -165,4 +211,62 @@ pub fn memory_bandwidth(model: &brook_core::Model, threads: usize) -> f64 {
         best = best.max(bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     best
+}
+
+/// Sampling flags shared by `generate` and `chat`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SamplingArgs {
+    /// Temperature; 0 is greedy (default: the model's generation_config.json, else greedy).
+    #[arg(long)]
+    pub temperature: Option<f32>,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long)]
+    pub top_p: Option<f32>,
+    #[arg(long)]
+    pub min_p: Option<f32>,
+    #[arg(long)]
+    pub repeat_penalty: Option<f32>,
+    #[arg(long)]
+    pub presence_penalty: Option<f32>,
+    #[arg(long)]
+    pub frequency_penalty: Option<f32>,
+    /// Seed that makes sampling reproducible.
+    #[arg(long)]
+    pub seed: Option<u64>,
+    /// Stop strings (repeatable).
+    #[arg(long)]
+    pub stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    /// The model's defaults overridden by the flags given.
+    pub fn params(&self, llm: &brook_core::session::Llm) -> brook_core::text::SamplingParams {
+        let mut p = llm.generation.sampling_params();
+        if let Some(t) = self.temperature {
+            p.temperature = t;
+        }
+        if let Some(v) = self.top_k {
+            p.top_k = v;
+        }
+        if let Some(v) = self.top_p {
+            p.top_p = v;
+        }
+        if let Some(v) = self.min_p {
+            p.min_p = v;
+        }
+        if let Some(v) = self.repeat_penalty {
+            p.repetition_penalty = v;
+        }
+        if let Some(v) = self.presence_penalty {
+            p.presence_penalty = v;
+        }
+        if let Some(v) = self.frequency_penalty {
+            p.frequency_penalty = v;
+        }
+        if let Some(v) = self.seed {
+            p.seed = v;
+        }
+        p
+    }
 }

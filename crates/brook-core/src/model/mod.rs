@@ -236,7 +236,7 @@ impl Model {
 impl Model {
     /// Routes `x` (the residual stream inside layer `i`) with layer i+1's norm and router and
     /// asks the expert source to start reading those experts.
-    fn prefetch_next(&self, i: usize, x: &[f32]) {
+    pub(crate) fn prefetch_next(&self, i: usize, x: &[f32]) {
         let Some(next) = self.dense.layers.get(i + 1) else {
             return;
         };

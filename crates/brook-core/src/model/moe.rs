@@ -60,6 +60,12 @@ pub trait ExpertSource: Send + Sync + std::fmt::Debug {
     fn capacity(&self) -> usize {
         usize::MAX
     }
+    /// Like [`ExpertSource::fetch`], appending to `out`. Sources that can should override it
+    /// so a caller with a reserved `out` allocates nothing (the CPU decode step relies on it).
+    fn fetch_into(&self, layer: usize, ids: &[usize], out: &mut Vec<ExpertHandle>) -> Result<()> {
+        out.extend(self.fetch(layer, ids)?);
+        Ok(())
+    }
 }
 
 /// Every routed expert held in memory: `[layer][expert]`.
@@ -70,15 +76,18 @@ pub struct ResidentExperts {
 
 impl ExpertSource for ResidentExperts {
     fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
-        ids.iter()
-            .map(|&e| {
-                self.layers
-                    .get(layer)
-                    .and_then(|l| l.get(e))
-                    .cloned()
-                    .ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(ids.len());
+        self.fetch_into(layer, ids, &mut out)?;
+        Ok(out)
+    }
+
+    fn fetch_into(&self, layer: usize, ids: &[usize], out: &mut Vec<ExpertHandle>) -> Result<()> {
+        for &e in ids {
+            let h = self.layers.get(layer).and_then(|l| l.get(e));
+            let h = h.ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))?;
+            out.push(h.clone());
+        }
+        Ok(())
     }
 }
 

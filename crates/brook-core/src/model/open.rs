@@ -34,6 +34,22 @@ pub struct OpenOptions {
     pub io_threads: usize,
     /// Start reads for the next layer's likely experts early (an experiment; see BENCH.md).
     pub prefetch: bool,
+    /// Which forward pass runs.
+    pub backend: Backend,
+    /// Compute threads of the CPU backend (default: every core).
+    pub threads: Option<usize>,
+    /// Activation arithmetic of the CPU backend.
+    pub precision: crate::cpu::qmatvec::Precision,
+}
+
+/// The compute path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backend {
+    /// SIMD kernels and threads (the default).
+    #[default]
+    Cpu,
+    /// The plain f32 reference pass, the oracle the others are tested against.
+    Reference,
 }
 
 impl Default for OpenOptions {
@@ -45,6 +61,9 @@ impl Default for OpenOptions {
             prefill_chunk: 256,
             io_threads: 8,
             prefetch: false,
+            backend: Backend::Cpu,
+            threads: None,
+            precision: Default::default(),
         }
     }
 }
@@ -105,7 +124,7 @@ impl Model {
         let stride = ex.layers.iter().map(|l| l.stride).max().unwrap_or(0);
         let budget = opts.memory_budget.or_else(budget::automatic_budget);
         let slots = match (opts.expert_cache, budget) {
-            (Some(n), _) => n.clamp(1, total),
+            (Some(n), _) => n.clamp(cfg.num_experts_per_tok.min(total), total),
             (None, Some(b)) => {
                 let dense = c.manifest.dense.size + c.manifest.dense.size / 50;
                 let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);

@@ -1,0 +1,166 @@
+//! Kernel throughput in GB/s of weight bytes read, beside a plain memory-read baseline
+//! measured in the same run (sum of a 512 MiB f32 buffer on 1 and 2 threads).
+//!
+//! Napkin math: a decoded token of Qwen3.6-35B-A3B at 4 bits reads ~1.7 GB of weights, so at
+//! the 2-thread read bandwidth B GB/s decode cannot beat B / 1.7 tok/s; a kernel at X GB/s
+//! runs at X / B of that bound. Run: `cargo bench -p brook-core --bench kernels`.
+
+use std::hint::black_box;
+use std::time::Duration;
+
+use brook_core::cpu::pool::{SharedMut, split};
+use brook_core::cpu::testutil::{Format, Rng, random_linear};
+use brook_core::cpu::{
+    CpuPool, Precision, SimdLevel, XBatch, XPrep, qmatmul_pool, qmatvec_pool_at,
+};
+use brook_core::dtype::DType;
+use brook_core::linear::Linear;
+use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+
+fn nbytes(w: &Linear) -> u64 {
+    w.nbytes() as u64
+}
+
+fn sum(v: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 16];
+    for c in v.chunks_exact(16) {
+        for l in 0..16 {
+            acc[l] += c[l];
+        }
+    }
+    acc.iter().sum()
+}
+
+fn config() -> Criterion {
+    Criterion::default()
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2))
+}
+
+fn memory_baseline(c: &mut Criterion) {
+    let buf = vec![1.0f32; 128 << 20];
+    let mut g = c.benchmark_group("memory_read");
+    g.throughput(Throughput::Bytes((buf.len() * 4) as u64));
+    for threads in [1, 2] {
+        let pool = CpuPool::new(threads);
+        let mut parts = [0.0f32; 2];
+        g.bench_function(format!("sum_f32_512MiB/{threads}t"), |b| {
+            b.iter(|| {
+                let out = SharedMut::new(&mut parts);
+                pool.run(&|t| {
+                    let r = split(buf.len(), t, threads, 1 << 16);
+                    // SAFETY: each thread writes only its own element.
+                    unsafe { out.write(t, sum(&buf[r])) };
+                });
+                black_box(parts)
+            })
+        });
+    }
+    g.finish();
+}
+
+fn matvec(c: &mut Criterion) {
+    let level = SimdLevel::detect();
+    let mut rng = Rng::new(1);
+    let bf16 = DType::BF16;
+    let q = |bits, group| Format::Affine {
+        bits,
+        group,
+        float: bf16,
+    };
+    let cases: Vec<(&str, Linear, Vec<usize>)> = vec![
+        (
+            "q4g64_head_248320x2048",
+            random_linear(&mut rng, 248320, 2048, q(4, 64)),
+            vec![1, 2],
+        ),
+        (
+            "q4g64_8192x2048",
+            random_linear(&mut rng, 8192, 2048, q(4, 64)),
+            vec![1, 2],
+        ),
+        (
+            "q4g64_l2_512x2048",
+            random_linear(&mut rng, 512, 2048, q(4, 64)),
+            vec![1],
+        ),
+        (
+            "q8g64_8192x2048",
+            random_linear(&mut rng, 8192, 2048, q(8, 64)),
+            vec![1, 2],
+        ),
+        (
+            "q3g64_8192x2048",
+            random_linear(&mut rng, 8192, 2048, q(3, 64)),
+            vec![1, 2],
+        ),
+        (
+            "q6g64_8192x2048",
+            random_linear(&mut rng, 8192, 2048, q(6, 64)),
+            vec![2],
+        ),
+        (
+            "bf16_4096x2048",
+            random_linear(&mut rng, 4096, 2048, Format::Float(bf16)),
+            vec![2],
+        ),
+    ];
+    let mut g = c.benchmark_group("matvec");
+    for (name, w, threads) in &cases {
+        g.throughput(Throughput::Bytes(nbytes(w)));
+        let x = rng.vec(w.in_features, 1.0);
+        let mut y = vec![0.0; w.out_features];
+        let mut xp = XPrep::new();
+        let split = name.starts_with("q4") && SimdLevel::has_vnni();
+        for &t in threads {
+            let pool = CpuPool::new(t);
+            for (p, pname) in [(Precision::F32, "f32"), (Precision::Split24, "split24")] {
+                if p == Precision::Split24 && !split {
+                    continue;
+                }
+                g.bench_function(format!("{name}/{}/{pname}/{t}t", level.name()), |b| {
+                    b.iter(|| qmatvec_pool_at(&pool, level, p, &w.view(), &x, &mut y, &mut xp))
+                });
+            }
+        }
+    }
+    g.finish();
+}
+
+fn matmul(c: &mut Criterion) {
+    let level = SimdLevel::detect();
+    let mut rng = Rng::new(2);
+    let w = random_linear(
+        &mut rng,
+        2048,
+        2048,
+        Format::Affine {
+            bits: 4,
+            group: 64,
+            float: DType::BF16,
+        },
+    );
+    let t = 512;
+    let x = rng.vec(t * 2048, 1.0);
+    let mut y = vec![0.0; t * 2048];
+    let mut xb = XBatch::new();
+    let mut g = c.benchmark_group("matmul");
+    // Reported as weight bytes per second; FLOP/s = 2·T·out·in / time.
+    g.throughput(Throughput::Bytes(nbytes(&w)));
+    for threads in [1, 2] {
+        let pool = CpuPool::new(threads);
+        g.bench_function(
+            format!("q4g64_2048x2048_T512/{}/{threads}t", level.name()),
+            |b| b.iter(|| qmatmul_pool(&pool, level, &w.view(), &x, &mut y, &mut xb)),
+        );
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = config();
+    targets = memory_baseline, matvec, matmul
+}
+criterion_main!(benches);

@@ -1,0 +1,102 @@
+//! Running several linear layers that read the same input as one pool job.
+//!
+//! Owns the choice between the matvec kernel (one token) and the matmul kernel (a chunk of
+//! tokens) and the row split of each matrix over the pool's threads, so model code says
+//! "these projections of x" and nothing about kernels or threads. It must not allocate (tasks
+//! live in a fixed array) or know about layers. Mirrors calling
+//! [`crate::linear::LinearRef::forward_rows`] once per matrix.
+
+use crate::cpu::SimdLevel;
+use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
+use crate::cpu::qmatmul::{XBatch, matmul_rows};
+use crate::cpu::qmatvec::{Precision, XPrep, check, matvec_rows};
+use crate::error::{Error, Result};
+use crate::linear::LinearRef;
+
+/// Matrices one [`Exec::linears`] call may run at once.
+pub const MAX_TASKS: usize = 8;
+/// Rows per unit of work handed to a thread.
+const ROWS: usize = 32;
+
+/// The pool and SIMD level the forward pass runs on.
+#[derive(Debug, Clone, Copy)]
+pub struct Exec<'p> {
+    pub pool: &'p CpuPool,
+    pub level: SimdLevel,
+    /// How one-token matvecs treat the activations.
+    pub precision: Precision,
+}
+
+/// Scratch for one input of [`Exec::linears`]: prepared forms of x.
+#[derive(Debug, Clone, Default)]
+pub struct XScratch {
+    pub prep: XPrep,
+    pub batch: XBatch,
+}
+
+impl Exec<'_> {
+    /// For every (W, y) in `outs`: y [T, out] = x [T, in] Wᵀ, all rows of all matrices split
+    /// over the pool in one job. Every W must have `in` = x.len() / T columns.
+    pub fn linears(
+        &self,
+        x: &[f32],
+        t: usize,
+        s: &mut XScratch,
+        outs: &mut [(LinearRef<'_>, &mut [f32])],
+    ) -> Result<()> {
+        if outs.is_empty() || t == 0 {
+            return Ok(());
+        }
+        if outs.len() > MAX_TASKS {
+            return Err(Error::Invalid(format!("{} linears in one job", outs.len())));
+        }
+        let n = x.len() / t;
+        for (w, y) in outs.iter() {
+            check(w)?;
+            if w.in_features != n || x.len() != t * n || y.len() < t * w.out_features {
+                return Err(Error::Invalid(format!(
+                    "linear [{}, {}] given {t} rows of {n} and an output of {}",
+                    w.out_features,
+                    w.in_features,
+                    y.len()
+                )));
+            }
+        }
+        if t == 1 {
+            s.prep.prepare_with(self.level, self.precision, x);
+        } else {
+            s.batch.prepare(self.level, x, n);
+        }
+        let mut tasks: [Option<(LinearRef<'_>, SharedMut<'_, f32>)>; MAX_TASKS] = [None; MAX_TASKS];
+        for (slot, (w, y)) in tasks.iter_mut().zip(outs.iter_mut()) {
+            *slot = Some((*w, SharedMut::new(&mut y[..t * w.out_features])));
+        }
+        // Work units: blocks of ROWS rows, task after task.
+        let mut first = [0usize; MAX_TASKS + 1];
+        for (i, task) in tasks.iter().enumerate() {
+            let rows = task.as_ref().map_or(0, |(w, _)| w.out_features);
+            first[i + 1] = first[i] + rows.div_ceil(ROWS);
+        }
+        let chunks = Chunks::new(first[MAX_TASKS], 1);
+        let (level, s) = (self.level, &*s);
+        self.pool.run(&|_| {
+            while let Some(units) = chunks.claim() {
+                let u = units.start;
+                let i = first.partition_point(|&f| f <= u) - 1;
+                let Some((w, y)) = &tasks[i] else { continue };
+                let r0 = (u - first[i]) * ROWS;
+                let rows = r0..(r0 + ROWS).min(w.out_features);
+                if t == 1 {
+                    // SAFETY: every unit is claimed by one thread only, so its rows are
+                    // written by no other thread.
+                    let ys = unsafe { y.slice(rows.clone()) };
+                    matvec_rows(level, w, &s.prep, ys, rows);
+                } else {
+                    // SAFETY: as above; matmul writes only columns `rows` of Y.
+                    unsafe { matmul_rows(level, w, &s.batch, *y, rows) };
+                }
+            }
+        });
+        Ok(())
+    }
+}

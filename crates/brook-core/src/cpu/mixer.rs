@@ -1,0 +1,357 @@
+//! The token mixers on the CPU kernels: Gated DeltaNet and gated attention, one layer each.
+//!
+//! Owns their scratch ([`MixerScratch`], sized once for a chunk of tokens) and schedule:
+//! projections as one pool job, the causal conv split over channels, the delta rule split over
+//! value heads (recurrent for one token, chunked for more), attention split over (token,
+//! head) pairs. It reads and writes the reference state layout (conv [K−1, conv_dim] oldest
+//! first, ssm [nv, dk, dv], keys/values [pos, nkv, hd]) and must not allocate while the KV
+//! cache and score buffers have room. Mirrors [`crate::model::delta_net::forward`] and
+//! [`crate::model::attention::forward`].
+
+use crate::config::ModelConfig;
+use crate::cpu::attention::attend;
+use crate::cpu::delta::{self, HeadRows};
+use crate::cpu::exec::{Exec, XScratch};
+use crate::cpu::ops::{
+    gated_rms_norm, mul_acc, rms_norm, rms_norm_scaled_inplace, rope, sigmoid_gate,
+};
+use crate::cpu::pool::{Chunks, SharedMut};
+use crate::error::Result;
+use crate::model::ops::{sigmoid, silu, softplus};
+use crate::model::weights::{AttentionWeights, DeltaNetWeights};
+
+/// Buffers of both mixers for chunks of up to `chunk` tokens.
+#[derive(Debug, Default)]
+pub struct MixerScratch {
+    chunk: usize,
+    threads: usize,
+    qkv: Vec<f32>,       // [C, conv_dim] pre-activation
+    z: Vec<f32>,         // [C, nv·dv]
+    b: Vec<f32>,         // [C, nv]
+    a: Vec<f32>,         // [C, nv]
+    conv: Vec<f32>,      // [C, conv_dim] after conv + SiLU; q, k normalised in place
+    conv_next: Vec<f32>, // [K−1, conv_dim]
+    beta: Vec<f32>,      // [C, nv]
+    g: Vec<f32>,         // [C, nv] log-decay
+    o: Vec<f32>,         // [nv, C, dv] delta-rule output, head-major
+    y: Vec<f32>,         // [C, nv·dv] after the gated norm; attention: [C, nq·hd]
+    dscratch: Vec<f32>,  // [threads, per-thread delta scratch]
+    dper: usize,
+    qg: Vec<f32>,     // [C, q_proj out]
+    kk: Vec<f32>,     // [C, nkv·hd]
+    vv: Vec<f32>,     // [C, nkv·hd]
+    q: Vec<f32>,      // [C, nq·hd] normalised, rotated
+    gate: Vec<f32>,   // [C, nq·hd]
+    scores: Vec<f32>, // [threads, score_cap]
+    score_cap: usize,
+    xs: XScratch,
+    ys: XScratch,
+}
+
+impl MixerScratch {
+    pub fn new(cfg: &ModelConfig, chunk: usize, threads: usize, context: usize) -> Self {
+        let (nv, dv, dk) = (
+            cfg.linear_num_value_heads,
+            cfg.linear_value_head_dim,
+            cfg.linear_key_head_dim,
+        );
+        let (cd, kk) = (cfg.conv_dim(), cfg.linear_conv_kernel_dim);
+        let (nq, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let qw = nq * hd * if cfg.attn_output_gate { 2 } else { 1 };
+        let dper = delta::step_scratch(dv).max(delta::chunked_scratch(dv));
+        let _ = dk;
+        MixerScratch {
+            chunk,
+            threads,
+            qkv: vec![0.0; chunk * cd],
+            z: vec![0.0; chunk * nv * dv],
+            b: vec![0.0; chunk * nv],
+            a: vec![0.0; chunk * nv],
+            conv: vec![0.0; chunk * cd],
+            conv_next: vec![0.0; kk.saturating_sub(1) * cd],
+            beta: vec![0.0; chunk * nv],
+            g: vec![0.0; chunk * nv],
+            o: vec![0.0; nv * chunk * dv],
+            y: vec![0.0; chunk * (nv * dv).max(nq * hd)],
+            dscratch: vec![0.0; threads * dper],
+            dper,
+            qg: vec![0.0; chunk * qw],
+            kk: vec![0.0; chunk * nkv * hd],
+            vv: vec![0.0; chunk * nkv * hd],
+            q: vec![0.0; chunk * nq * hd],
+            gate: vec![0.0; chunk * nq * hd],
+            scores: vec![0.0; threads * context],
+            score_cap: context,
+            xs: XScratch::default(),
+            ys: XScratch::default(),
+        }
+    }
+}
+
+/// One Gated DeltaNet layer on x [T, H] → out [T, H]; `conv_t` is conv1d transposed to
+/// [K, conv_dim].
+#[allow(clippy::too_many_arguments)]
+pub fn delta_net(
+    ex: &Exec<'_>,
+    w: &DeltaNetWeights,
+    cfg: &ModelConfig,
+    conv_t: &[f32],
+    conv_state: &mut [f32],
+    ssm: &mut [f32],
+    x: &[f32],
+    out: &mut [f32],
+    s: &mut MixerScratch,
+) -> Result<()> {
+    let t = x.len() / cfg.hidden_size;
+    let (nk, nv, dk, dv) = (
+        cfg.linear_num_key_heads,
+        cfg.linear_num_value_heads,
+        cfg.linear_key_head_dim,
+        cfg.linear_value_head_dim,
+    );
+    let (cd, kk, key_dim, level) = (
+        cfg.conv_dim(),
+        cfg.linear_conv_kernel_dim,
+        nk * dk,
+        ex.level,
+    );
+    ex.linears(
+        x,
+        t,
+        &mut s.xs,
+        &mut [
+            (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
+            (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
+            (w.in_proj_b.view(), &mut s.b[..t * nv]),
+            (w.in_proj_a.view(), &mut s.a[..t * nv]),
+        ],
+    )?;
+
+    // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by channel.
+    let past = kk - 1;
+    {
+        let (qkv, state, cv) = (&s.qkv, &*conv_state, SharedMut::new(&mut s.conv[..t * cd]));
+        let chunks = Chunks::new(cd, 512);
+        ex.pool.run(&|_| {
+            while let Some(ch) = chunks.claim() {
+                for ti in 0..t {
+                    // SAFETY: each chunk of channels is claimed by one thread only.
+                    let o = unsafe { cv.slice(ti * cd + ch.start..ti * cd + ch.end) };
+                    o.fill(0.0);
+                    for m in 0..kk {
+                        let r = ti + m;
+                        let src = if r < past {
+                            &state[r * cd..]
+                        } else {
+                            &qkv[(r - past) * cd..]
+                        };
+                        mul_acc(
+                            level,
+                            &conv_t[m * cd + ch.start..m * cd + ch.end],
+                            &src[ch.clone()],
+                            o,
+                        );
+                    }
+                    o.iter_mut().for_each(|v| *v = silu(*v));
+                }
+            }
+        });
+    }
+    for r in 0..past {
+        let src = t + r;
+        let row = if src < past {
+            &conv_state[src * cd..(src + 1) * cd]
+        } else {
+            &s.qkv[(src - past) * cd..(src - past + 1) * cd]
+        };
+        s.conv_next[r * cd..(r + 1) * cd].copy_from_slice(row);
+    }
+    conv_state.copy_from_slice(&s.conv_next[..past * cd]);
+
+    // q = l2(q)/√dk, k = l2(k) (as rms norms with ε/dk), β = σ(b), g = −e^{A_log}·softplus(a + dt_bias).
+    let inv_scale = (dk as f32).powf(-0.5);
+    let eps = 1e-6 / dk as f32;
+    for ti in 0..t {
+        let row = &mut s.conv[ti * cd..(ti + 1) * cd];
+        for head in row[..key_dim].chunks_exact_mut(dk) {
+            rms_norm_scaled_inplace(level, head, eps, inv_scale * inv_scale);
+        }
+        for head in row[key_dim..2 * key_dim].chunks_exact_mut(dk) {
+            rms_norm_scaled_inplace(level, head, eps, inv_scale);
+        }
+    }
+    for i in 0..t * nv {
+        s.beta[i] = sigmoid(s.b[i]);
+        s.g[i] = -w.A_log[i % nv].exp() * softplus(s.a[i] + w.dt_bias[i % nv]);
+    }
+
+    let (r, chunk, dper) = (nv / nk, s.chunk, s.dper);
+    {
+        let st = SharedMut::new(ssm);
+        let o = SharedMut::new(&mut s.o[..]);
+        let ds = SharedMut::new(&mut s.dscratch[..]);
+        let (conv, g, beta) = (&s.conv, &s.g, &s.beta);
+        let heads = Chunks::new(nv, 1);
+        ex.pool.run(&|tid| {
+            // SAFETY: thread `tid` owns scratch slot `tid`, and each head is claimed by one
+            // thread only, so its state and output slices are too.
+            let scratch = unsafe { ds.slice(tid * dper..(tid + 1) * dper) };
+            while let Some(hs) = heads.claim() {
+                let h = hs.start;
+                let kh = h / r;
+                // SAFETY: see above.
+                let (sh, oh) = unsafe {
+                    (
+                        st.slice(h * dk * dv..(h + 1) * dk * dv),
+                        o.slice(h * chunk * dv..(h * chunk + t) * dv),
+                    )
+                };
+                if t == 1 {
+                    let q = &conv[kh * dk..][..dk];
+                    let k = &conv[key_dim + kh * dk..][..dk];
+                    let v = &conv[2 * key_dim + h * dv..][..dv];
+                    delta::step(level, sh, q, k, v, g[h], beta[h], oh, scratch);
+                } else {
+                    let rows = HeadRows {
+                        q: &conv[kh * dk..],
+                        k: &conv[key_dim + kh * dk..],
+                        v: &conv[2 * key_dim + h * dv..],
+                        g: &g[h..],
+                        beta: &beta[h..],
+                        q_stride: cd,
+                        v_stride: cd,
+                        gb_stride: nv,
+                        dk,
+                        dv,
+                    };
+                    delta::chunked(level, &rows, t, sh, scratch, oh);
+                }
+            }
+        });
+    }
+    for ti in 0..t {
+        for h in 0..nv {
+            let oh = &s.o[(h * chunk + ti) * dv..][..dv];
+            let zh = &s.z[(ti * nv + h) * dv..][..dv];
+            let yh = &mut s.y[(ti * nv + h) * dv..][..dv];
+            gated_rms_norm(level, oh, zh, &w.norm, cfg.rms_norm_eps, yh);
+        }
+    }
+    ex.linears(
+        &s.y[..t * nv * dv],
+        t,
+        &mut s.ys,
+        &mut [(w.out_proj.view(), out)],
+    )
+}
+
+/// One gated attention layer on x [T, H] at positions pos0.. → out [T, H], appending to the
+/// KV cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attention(
+    ex: &Exec<'_>,
+    w: &AttentionWeights,
+    cfg: &ModelConfig,
+    inv_freq: &[f64],
+    keys: &mut Vec<f32>,
+    values: &mut Vec<f32>,
+    pos0: usize,
+    x: &[f32],
+    out: &mut [f32],
+    s: &mut MixerScratch,
+) -> Result<()> {
+    let t = x.len() / cfg.hidden_size;
+    let (nq, nkv, hd, level) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+        ex.level,
+    );
+    let gated = cfg.attn_output_gate;
+    let qw = nq * hd * if gated { 2 } else { 1 };
+    let per_head = qw / nq;
+    ex.linears(
+        x,
+        t,
+        &mut s.xs,
+        &mut [
+            (w.q_proj.view(), &mut s.qg[..t * qw]),
+            (w.k_proj.view(), &mut s.kk[..t * nkv * hd]),
+            (w.v_proj.view(), &mut s.vv[..t * nkv * hd]),
+        ],
+    )?;
+    let eps = cfg.rms_norm_eps;
+    for ti in 0..t {
+        for head in 0..nq {
+            let src = &s.qg[ti * qw + head * per_head..][..per_head];
+            let dst = (ti * nq + head) * hd;
+            rms_norm(level, &src[..hd], &w.q_norm, eps, &mut s.q[dst..dst + hd]);
+            rope(&mut s.q[dst..dst + hd], pos0 + ti, inv_freq);
+            if gated {
+                s.gate[dst..dst + hd].copy_from_slice(&src[hd..]);
+            }
+        }
+        for head in 0..nkv {
+            let at = (ti * nkv + head) * hd;
+            // The head is normalised into `y` (free here) and copied back.
+            let tmp = &mut s.y[..hd];
+            rms_norm(level, &s.kk[at..at + hd], &w.k_norm, eps, tmp);
+            s.kk[at..at + hd].copy_from_slice(tmp);
+            rope(&mut s.kk[at..at + hd], pos0 + ti, inv_freq);
+        }
+    }
+    keys.extend_from_slice(&s.kk[..t * nkv * hd]);
+    values.extend_from_slice(&s.vv[..t * nkv * hd]);
+    let need = pos0 + t;
+    if need > s.score_cap {
+        // Past the context reserved at construction: grow (amortized), allocating once.
+        s.score_cap = need.next_power_of_two();
+        s.scores.resize(s.threads * s.score_cap, 0.0);
+    }
+    let (scale, group, cap) = ((hd as f32).powf(-0.5), nq / nkv, s.score_cap);
+    {
+        let (att, sc) = (
+            SharedMut::new(&mut s.y[..t * nq * hd]),
+            SharedMut::new(&mut s.scores[..]),
+        );
+        let (q, keys, values) = (&s.q, &keys[..], &values[..]);
+        let pairs = Chunks::new(t * nq, 1);
+        ex.pool.run(&|tid| {
+            // SAFETY: thread `tid` owns score row `tid`; each (token, head) pair is claimed by
+            // one thread only, and so is its output row.
+            let scores = unsafe { sc.slice(tid * cap..(tid + 1) * cap) };
+            while let Some(ps) = pairs.claim() {
+                let pair = ps.start;
+                let (ti, head) = (pair / nq, pair % nq);
+                // SAFETY: this pair's row is ours alone (see above).
+                let o = unsafe { att.slice(pair * hd..(pair + 1) * hd) };
+                let qh = &q[pair * hd..(pair + 1) * hd];
+                attend(
+                    level,
+                    qh,
+                    keys,
+                    values,
+                    nkv,
+                    head / group,
+                    pos0 + ti + 1,
+                    scale,
+                    scores,
+                    o,
+                );
+            }
+        });
+    }
+    if gated {
+        sigmoid_gate(&mut s.y[..t * nq * hd], &s.gate[..t * nq * hd]);
+    }
+    ex.linears(
+        &s.y[..t * nq * hd],
+        t,
+        &mut s.ys,
+        &mut [(w.o_proj.view(), out)],
+    )
+}

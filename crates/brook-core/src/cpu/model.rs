@@ -1,0 +1,380 @@
+//! [`CpuModel`]: the forward pass on the fast CPU kernels, with every buffer sized once.
+//!
+//! Owns the thread pool, the scratch for chunks of up to `max_chunk` tokens and the per-layer
+//! data derived at construction (conv weights transposed to [K, conv_dim], RoPE frequencies).
+//! It borrows a [`Model`] (config, dense weights, expert source) and reads and writes the same
+//! [`SeqState`] as [`Model::forward`], so a sequence can move between the two paths. A
+//! one-token call allocates nothing once the state's KV cache has room (see
+//! [`CpuModel::new_state`]). It must not index packed bytes (the kernels do) nor change the
+//! model's arithmetic: it mirrors [`Model::forward`] and is tested against it and against
+//! mlx-lm's fixtures.
+
+use crate::config::LayerKind;
+use crate::cpu::exec::{Exec, XScratch};
+use crate::cpu::mixer::{self, MixerScratch};
+use crate::cpu::moe::{self, MoeScratch};
+use crate::cpu::ops::{add, rms_norm_rows};
+use crate::cpu::qmatvec::{check, dequant_row};
+use crate::cpu::{CpuPool, Precision, SimdLevel};
+use crate::error::{Error, Result};
+use crate::model::moe::Route;
+use crate::model::state::{LayerState, SeqState};
+use crate::model::weights::Mixer;
+use crate::model::{Logits, Model, Stage};
+
+/// How [`CpuModel`] runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuOptions {
+    /// Threads, the caller included.
+    pub threads: usize,
+    /// Tokens per prefill chunk; longer calls are split. Scratch grows with it.
+    pub max_chunk: usize,
+    /// Positions the attention score buffers hold before growing (and the default KV
+    /// reservation of [`CpuModel::new_state`]).
+    pub max_context: usize,
+    /// SIMD level; `None` detects the best.
+    pub level: Option<SimdLevel>,
+    /// How decode matvecs treat activations ([`Precision::F32`] unless chosen).
+    pub precision: Precision,
+}
+
+impl Default for CpuOptions {
+    fn default() -> Self {
+        CpuOptions {
+            threads: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            max_chunk: 256,
+            max_context: 4096,
+            level: None,
+            precision: Precision::F32,
+        }
+    }
+}
+
+/// The model a [`CpuModel`] runs: borrowed, or shared with its owner (a session's `Llm`).
+#[derive(Debug, Clone)]
+enum ModelRef<'m> {
+    Borrowed(&'m Model),
+    Shared(std::sync::Arc<Model>),
+}
+
+impl std::ops::Deref for ModelRef<'_> {
+    type Target = Model;
+    fn deref(&self) -> &Model {
+        match self {
+            ModelRef::Borrowed(m) => m,
+            ModelRef::Shared(m) => m,
+        }
+    }
+}
+
+/// The fast CPU forward pass over a [`Model`].
+#[derive(Debug)]
+pub struct CpuModel<'m> {
+    model: ModelRef<'m>,
+    pool: CpuPool,
+    level: SimdLevel,
+    opts: CpuOptions,
+    conv_t: Vec<Vec<f32>>, // per layer: [K, conv_dim] (empty for attention layers)
+    inv_freq: Vec<f64>,    // [rotary_dim / 2]
+    x: Vec<f32>,           // [C, H] residual stream
+    normed: Vec<f32>,      // [C, H]
+    delta: Vec<f32>,       // [C, H] a sub-block's output
+    mix: MixerScratch,
+    moe: MoeScratch,
+    head: XScratch,
+    logits: Vec<f32>, // [V] or [T, V]
+}
+
+impl CpuModel<'static> {
+    /// Like [`CpuModel::new`] for a model shared through an `Arc`.
+    pub fn new_shared(model: std::sync::Arc<Model>, opts: CpuOptions) -> Result<Self> {
+        Self::build(ModelRef::Shared(model), opts)
+    }
+}
+
+impl<'m> CpuModel<'m> {
+    /// Checks every resident weight once and sizes all scratch.
+    pub fn new(model: &'m Model, opts: CpuOptions) -> Result<Self> {
+        Self::build(ModelRef::Borrowed(model), opts)
+    }
+
+    fn build(model_ref: ModelRef<'m>, opts: CpuOptions) -> Result<Self> {
+        let model: &Model = &model_ref;
+        let cfg = &model.cfg;
+        if opts.max_chunk == 0 {
+            return Err(Error::Invalid("max_chunk must be at least 1".into()));
+        }
+        let d = &model.dense;
+        check(&d.embed_tokens.view())?;
+        check(&d.lm_head.view())?;
+        for l in &d.layers {
+            let mut mats = vec![l.mlp.gate.view(), l.mlp.shared_expert_gate.view()];
+            let se = &l.mlp.shared_expert;
+            mats.extend([se.gate_proj.view(), se.up_proj.view(), se.down_proj.view()]);
+            match &l.mixer {
+                Mixer::Linear(w) => mats.extend([
+                    w.in_proj_qkv.view(),
+                    w.in_proj_z.view(),
+                    w.in_proj_b.view(),
+                    w.in_proj_a.view(),
+                    w.out_proj.view(),
+                ]),
+                Mixer::Full(w) => mats.extend([
+                    w.q_proj.view(),
+                    w.k_proj.view(),
+                    w.v_proj.view(),
+                    w.o_proj.view(),
+                ]),
+            }
+            for m in &mats {
+                check(m)?;
+            }
+        }
+        let (cd, kk) = (cfg.conv_dim(), cfg.linear_conv_kernel_dim);
+        let conv_t = d
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                Mixer::Linear(w) => (0..kk * cd)
+                    .map(|i| w.conv1d[(i % cd) * kk + i / cd])
+                    .collect(),
+                Mixer::Full(_) => Vec::new(),
+            })
+            .collect();
+        let pool = CpuPool::new(opts.threads);
+        let (c, h) = (opts.max_chunk, cfg.hidden_size);
+        Ok(CpuModel {
+            level: opts.level.unwrap_or_else(SimdLevel::detect),
+            mix: MixerScratch::new(cfg, c, pool.threads(), opts.max_context),
+            moe: MoeScratch::new(cfg, c),
+            pool,
+            opts,
+            conv_t,
+            inv_freq: crate::cpu::ops::rope_inv_freq(cfg),
+            x: vec![0.0; c * h],
+            normed: vec![0.0; c * h],
+            delta: vec![0.0; c * h],
+            head: XScratch::default(),
+            logits: vec![0.0; cfg.vocab_size],
+            model: model_ref.clone(),
+        })
+    }
+
+    /// The SIMD level in use.
+    pub fn level(&self) -> SimdLevel {
+        self.level
+    }
+
+    /// Threads in use.
+    pub fn threads(&self) -> usize {
+        self.pool.threads()
+    }
+
+    /// A fresh sequence state (the reference layout) whose KV caches have room for
+    /// `reserve_tokens` positions, so decoding up to there never allocates.
+    pub fn new_state(&self, reserve_tokens: usize) -> SeqState {
+        let cfg = &self.model.cfg;
+        let mut st = SeqState::new(cfg);
+        let per = cfg.num_key_value_heads * cfg.head_dim;
+        for l in &mut st.layers {
+            if let LayerState::Full { keys, values } = l {
+                keys.reserve(reserve_tokens * per);
+                values.reserve(reserve_tokens * per);
+            }
+        }
+        st
+    }
+
+    /// Feeds `tokens` through the model, advancing `state`, and returns the logits asked for
+    /// ([T, V], [V] or empty), exactly as [`Model::forward`] does.
+    pub fn forward(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<&[f32]> {
+        self.forward_traced(state, tokens, want, None)
+    }
+
+    /// [`CpuModel::forward`] reporting intermediate values (per chunk of at most `max_chunk`
+    /// tokens) to `trace`. Tracing allocates; plain forward calls do not.
+    pub fn forward_traced(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        mut trace: Option<&mut dyn FnMut(Stage<'_>)>,
+    ) -> Result<&[f32]> {
+        let cfg = &self.model.cfg;
+        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
+        if tokens.is_empty() {
+            return Err(Error::Invalid("forward needs at least one token".into()));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
+            return Err(Error::Invalid(format!(
+                "token id {bad} is out of range for a vocabulary of {v}"
+            )));
+        }
+        self.check_state(state)?;
+        let n_logits = match want {
+            Logits::All => tokens.len() * v,
+            Logits::Last => v,
+            Logits::None => 0,
+        };
+        if self.logits.len() < n_logits {
+            self.logits.resize(n_logits, 0.0);
+        }
+        let chunks = tokens.len().div_ceil(self.opts.max_chunk);
+        for (ci, chunk) in tokens.chunks(self.opts.max_chunk).enumerate() {
+            self.chunk(state, chunk, &mut trace)?;
+            let c = chunk.len();
+            let ex = Exec {
+                pool: &self.pool,
+                level: self.level,
+                precision: self.opts.precision,
+            };
+            let head = self.model.dense.lm_head.view();
+            match want {
+                Logits::All => {
+                    let at = ci * self.opts.max_chunk * v;
+                    let out = &mut self.logits[at..at + c * v];
+                    ex.linears(&self.normed[..c * h], c, &mut self.head, &mut [(head, out)])?;
+                }
+                Logits::Last if ci + 1 == chunks => {
+                    let last = &self.normed[(c - 1) * h..c * h];
+                    ex.linears(
+                        last,
+                        1,
+                        &mut self.head,
+                        &mut [(head, &mut self.logits[..v])],
+                    )?;
+                }
+                _ => {}
+            }
+        }
+        Ok(&self.logits[..n_logits])
+    }
+
+    fn check_state(&self, state: &SeqState) -> Result<()> {
+        let cfg = &self.model.cfg;
+        let fresh = |i: usize| {
+            Error::Invalid(format!(
+                "state does not fit layer {i}: make it with new_state"
+            ))
+        };
+        if state.layers.len() != cfg.num_hidden_layers {
+            return Err(fresh(state.layers.len()));
+        }
+        let conv = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim();
+        let ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+        let kv = state.pos * cfg.num_key_value_heads * cfg.head_dim;
+        for (i, (l, kind)) in state.layers.iter().zip(&cfg.layer_types).enumerate() {
+            let ok = match (l, kind) {
+                (LayerState::Linear { conv: c, ssm: s }, LayerKind::Linear) => {
+                    c.len() == conv && s.len() == ssm
+                }
+                (LayerState::Full { keys, values }, LayerKind::Full) => {
+                    keys.len() == kv && values.len() == kv
+                }
+                _ => false,
+            };
+            if !ok {
+                return Err(fresh(i));
+            }
+        }
+        Ok(())
+    }
+
+    /// One chunk: embeddings through the final norm, leaving [c, H] normed rows in `normed`.
+    fn chunk(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        trace: &mut Option<&mut dyn FnMut(Stage<'_>)>,
+    ) -> Result<()> {
+        // A cheap handle (a reference copy or an Arc count), so `self`'s scratch stays free.
+        let model_ref = self.model.clone();
+        let (model, cfg): (&Model, &_) = (&model_ref, &model_ref.cfg);
+        let (h, t, level, eps) = (cfg.hidden_size, tokens.len(), self.level, cfg.rms_norm_eps);
+        let ex = Exec {
+            pool: &self.pool,
+            level,
+            precision: self.opts.precision,
+        };
+        let (x, normed, delta) = (
+            &mut self.x[..t * h],
+            &mut self.normed[..t * h],
+            &mut self.delta[..t * h],
+        );
+        let embed = model.dense.embed_tokens.view();
+        for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
+            dequant_row(&embed, tok as usize, row);
+        }
+        if let Some(f) = trace.as_mut() {
+            f(Stage::Embed(x));
+        }
+        let pos0 = state.pos;
+        for (i, (layer, ls)) in model.dense.layers.iter().zip(&mut state.layers).enumerate() {
+            rms_norm_rows(level, x, &layer.input_layernorm, eps, normed);
+            match (&layer.mixer, ls) {
+                (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => mixer::delta_net(
+                    &ex,
+                    w,
+                    cfg,
+                    &self.conv_t[i],
+                    conv,
+                    ssm,
+                    normed,
+                    delta,
+                    &mut self.mix,
+                )?,
+                (Mixer::Full(w), LayerState::Full { keys, values }) => mixer::attention(
+                    &ex,
+                    w,
+                    cfg,
+                    &self.inv_freq,
+                    keys,
+                    values,
+                    pos0,
+                    normed,
+                    delta,
+                    &mut self.mix,
+                )?,
+                _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
+            }
+            add(level, delta, x);
+            rms_norm_rows(level, x, &layer.post_attention_layernorm, eps, normed);
+            if model.prefetch {
+                model.prefetch_next(i, x);
+            }
+            moe::forward(
+                &ex,
+                &layer.mlp,
+                cfg,
+                model.experts.as_ref(),
+                i,
+                normed,
+                delta,
+                &mut self.moe,
+            )?;
+            add(level, delta, x);
+            if let Some(f) = trace.as_mut() {
+                let k = cfg.num_experts_per_tok;
+                let routes: Vec<Route> = (0..t)
+                    .map(|ti| Route {
+                        experts: self.moe.sel[ti * k..(ti + 1) * k].to_vec(),
+                        weights: self.moe.wts[ti * k..(ti + 1) * k].to_vec(),
+                    })
+                    .collect();
+                f(Stage::Routes(i, &routes));
+                f(Stage::Layer(i, x));
+            }
+        }
+        state.pos += t;
+        rms_norm_rows(level, x, &model.dense.norm, eps, normed);
+        if let Some(f) = trace.as_mut() {
+            f(Stage::Norm(normed));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,256 @@
+//! Vectorized elementwise and reduction helpers of the fast forward pass.
+//!
+//! Owns dot/axpy-style loops compiled once per [`SimdLevel`] (a `simd_fn!` wrapper compiles one
+//! plain-Rust body with AVX-512 or AVX2 enabled, so the compiler vectorizes it at that width),
+//! RMSNorm, SwiGLU activation, router softmax + top-k and RoPE. It must not allocate. Each
+//! mirrors the function of the same name in [`crate::model::ops`], `moe::route` or
+//! `attention::rope`; transcendental functions (exp, sin, cos) are the same scalar std calls
+//! as the reference, so only summation order differs.
+
+use crate::config::ModelConfig;
+use crate::cpu::SimdLevel;
+use crate::model::ops::{sigmoid, silu};
+
+/// Defines `fn name(level, args..)` running one body compiled for each SIMD level.
+macro_rules! simd_fn {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($a:ident : $t:ty),* $(,)?) $(-> $r:ty)? $body:block) => {
+        $(#[$m])*
+        #[allow(clippy::too_many_arguments)]
+        $vis fn $name(level: SimdLevel, $($a: $t),*) $(-> $r)? {
+            #[inline(always)]
+            #[allow(clippy::too_many_arguments)]
+            fn body($($a: $t),*) $(-> $r)? $body
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn v512($($a: $t),*) $(-> $r)? { body($($a),*) }
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma,f16c")]
+            #[allow(clippy::too_many_arguments)]
+            unsafe fn v256($($a: $t),*) $(-> $r)? { body($($a),*) }
+            match level {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the CPU has the features of this level (checked in the guard).
+                SimdLevel::Avx512 if level.is_supported() => unsafe { v512($($a),*) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                SimdLevel::Avx2 if level.is_supported() => unsafe { v256($($a),*) },
+                _ => body($($a),*),
+            }
+        }
+    };
+}
+pub(crate) use simd_fn;
+
+/// Plain loops, written so the compiler vectorizes them; `#[inline(always)]` so that inside a
+/// `simd_fn!` body they are compiled at that body's SIMD level.
+pub(crate) mod plain {
+    /// Σ a_i b_i, with 16 partial sums (one vector at AVX-512).
+    #[inline(always)]
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        let mut acc = [0.0f32; 16];
+        let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+        let tail: f32 = ac
+            .remainder()
+            .iter()
+            .zip(bc.remainder())
+            .map(|(x, y)| x * y)
+            .sum();
+        for (x, y) in ac.zip(bc) {
+            for l in 0..16 {
+                acc[l] = x[l].mul_add(y[l], acc[l]);
+            }
+        }
+        acc.iter().sum::<f32>() + tail
+    }
+
+    /// Σ x_i².
+    #[inline(always)]
+    pub fn sum_sq(x: &[f32]) -> f32 {
+        dot(x, x)
+    }
+
+    /// y += a·x.
+    #[inline(always)]
+    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi = a.mul_add(*xi, *yi);
+        }
+    }
+
+    /// y = a·y + b·x.
+    #[inline(always)]
+    pub fn scale_axpy(a: f32, y: &mut [f32], b: f32, x: &[f32]) {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi = b.mul_add(*xi, a * *yi);
+        }
+    }
+
+    /// x ·= a.
+    #[inline(always)]
+    pub fn scale(a: f32, x: &mut [f32]) {
+        for v in x.iter_mut() {
+            *v *= a;
+        }
+    }
+}
+
+simd_fn! {
+    /// Σ a_i b_i.
+    pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+        plain::dot(a, b)
+    }
+}
+
+simd_fn! {
+    /// Σ x_i².
+    pub fn sum_sq(x: &[f32]) -> f32 {
+        plain::sum_sq(x)
+    }
+}
+
+simd_fn! {
+    /// y += a·x.
+    pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
+        plain::axpy(a, x, y)
+    }
+}
+
+simd_fn! {
+    /// y += x.
+    pub fn add(x: &[f32], y: &mut [f32]) {
+        for (yi, xi) in y.iter_mut().zip(x) {
+            *yi += *xi;
+        }
+    }
+}
+
+simd_fn! {
+    /// x ·= a.
+    pub fn scale(a: f32, x: &mut [f32]) {
+        plain::scale(a, x)
+    }
+}
+
+simd_fn! {
+    /// out = x · inv · w, elementwise.
+    fn mul_scaled(x: &[f32], inv: f32, w: &[f32], out: &mut [f32]) {
+        for ((o, &xi), &wi) in out.iter_mut().zip(x).zip(w) {
+            *o = xi * inv * wi;
+        }
+    }
+}
+
+simd_fn! {
+    /// out += w ⊙ x (one tap of the depthwise conv over all channels).
+    pub fn mul_acc(w: &[f32], x: &[f32], out: &mut [f32]) {
+        for ((o, &wi), &xi) in out.iter_mut().zip(w).zip(x) {
+            *o = wi.mul_add(xi, *o);
+        }
+    }
+}
+
+/// RMSNorm with weight: out = x / √(mean(x²) + ε) · w (as [`crate::model::ops::rms_norm`]).
+pub fn rms_norm(level: SimdLevel, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let inv = 1.0 / (sum_sq(level, x) / x.len() as f32 + eps).sqrt();
+    mul_scaled(level, x, inv, w, out);
+}
+
+/// RMSNorm of every row of x [T, H] into out [T, H].
+pub fn rms_norm_rows(level: SimdLevel, x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+    let h = w.len();
+    for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        rms_norm(level, xr, w, eps, or);
+    }
+}
+
+/// RMSNorm without weight in place, then ·scale (as `rms_norm_scaled_inplace`).
+pub fn rms_norm_scaled_inplace(level: SimdLevel, x: &mut [f32], eps: f32, scale_by: f32) {
+    let inv = 1.0 / (sum_sq(level, x) / x.len() as f32 + eps).sqrt() * scale_by;
+    scale(level, inv, x);
+}
+
+/// g ← silu(g) ⊙ u: the SwiGLU activation between an expert's up and down projections.
+pub fn swiglu_act(g: &mut [f32], u: &[f32]) {
+    for (gi, ui) in g.iter_mut().zip(u) {
+        *gi = silu(*gi) * ui;
+    }
+}
+
+/// Gated RMSNorm of one DeltaNet head: out = rms_norm(o; w) ⊙ silu(z).
+pub fn gated_rms_norm(
+    level: SimdLevel,
+    o: &[f32],
+    z: &[f32],
+    w: &[f32],
+    eps: f32,
+    out: &mut [f32],
+) {
+    rms_norm(level, o, w, eps, out);
+    for (yi, &zi) in out.iter_mut().zip(z) {
+        *yi *= silu(zi);
+    }
+}
+
+/// x ← x ⊙ sigmoid(gate) (the attention output gate).
+pub fn sigmoid_gate(x: &mut [f32], gate: &[f32]) {
+    for (a, &g) in x.iter_mut().zip(gate) {
+        *a *= sigmoid(g);
+    }
+}
+
+/// Softmax in place (as [`crate::model::ops::softmax`]).
+pub fn softmax(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    x.iter_mut().for_each(|v| *v /= sum);
+}
+
+/// Router of one token, as `moe::route`: softmax over the logits `p` (in place), the `k`
+/// largest (ties: lower index first) into `experts` / `weights` in descending order,
+/// renormalised to sum 1 when `norm`. No allocation: k passes over E.
+pub fn route_top_k(p: &mut [f32], norm: bool, experts: &mut [usize], weights: &mut [f32]) {
+    softmax(p);
+    let k = experts.len();
+    for j in 0..k {
+        let mut best = usize::MAX;
+        for (e, &v) in p.iter().enumerate() {
+            if experts[..j].contains(&e) {
+                continue;
+            }
+            if best == usize::MAX || v.total_cmp(&p[best]).is_gt() {
+                best = e;
+            }
+        }
+        experts[j] = best;
+        weights[j] = p[best];
+    }
+    if norm {
+        let sum: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|v| *v /= sum);
+    }
+}
+
+/// RoPE inverse frequencies θ^(−2j/rotary_dim), in f64 as the reference computes them.
+pub fn rope_inv_freq(cfg: &ModelConfig) -> Vec<f64> {
+    (0..cfg.rotary_dim / 2)
+        .map(|j| cfg.rope_theta.powf(-2.0 * j as f64 / cfg.rotary_dim as f64))
+        .collect()
+}
+
+/// Rotates the first 2·inv_freq.len() dims of one head at `pos` ("rotate half"), as
+/// `attention::rope`.
+pub fn rope(x: &mut [f32], pos: usize, inv_freq: &[f64]) {
+    let half = inv_freq.len();
+    for (j, &f) in inv_freq.iter().enumerate() {
+        let angle = pos as f64 * f;
+        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        let (x1, x2) = (x[j], x[j + half]);
+        x[j] = x1 * cos - x2 * sin;
+        x[j + half] = x2 * cos + x1 * sin;
+    }
+}

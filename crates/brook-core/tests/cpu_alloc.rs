@@ -1,0 +1,94 @@
+//! A decode step of `CpuModel` performs no heap allocation once warmed up.
+//!
+//! A counting global allocator (this test binary only) counts every `alloc`/`realloc` made by
+//! any thread while a flag is set; after a prefill and two warm-up steps, 20 one-token steps
+//! with `Logits::Last` must count zero. The state's KV cache is reserved by `new_state`.
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use brook_core::cpu::{CpuModel, CpuOptions, Precision};
+use brook_core::{Logits, Model};
+use common::{MODELS, Reference, argmax, fixture};
+
+struct Counting;
+
+static COUNTING: AtomicBool = AtomicBool::new(false);
+static ALLOCS: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards every call to the system allocator unchanged; only counts.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as the caller's.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        if COUNTING.load(Ordering::Relaxed) {
+            ALLOCS.fetch_add(1, Ordering::Relaxed);
+        }
+        // SAFETY: same contract as the caller's.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn decode_step_allocates_nothing_after_warm_up() {
+    for name in MODELS {
+        let model = Model::open(&fixture(name)).expect("open");
+        let tokens = Reference::open(name).ids("tokens");
+        for precision in [Precision::F32, Precision::Split24] {
+            let opts = CpuOptions {
+                threads: 2,
+                max_chunk: 32,
+                max_context: 64,
+                level: None,
+                precision,
+            };
+            let mut cpu = CpuModel::new(&model, opts).expect("cpu");
+            let mut st = cpu.new_state(64);
+            let mut next = argmax(
+                cpu.forward(&mut st, &tokens, Logits::Last)
+                    .expect("prefill"),
+            );
+            for _ in 0..2 {
+                next = argmax(
+                    cpu.forward(&mut st, &[next], Logits::Last)
+                        .expect("warm-up"),
+                );
+            }
+            ALLOCS.store(0, Ordering::SeqCst);
+            COUNTING.store(true, Ordering::SeqCst);
+            for _ in 0..20 {
+                next = argmax(cpu.forward(&mut st, &[next], Logits::Last).expect("step"));
+            }
+            COUNTING.store(false, Ordering::SeqCst);
+            assert_eq!(
+                ALLOCS.load(Ordering::SeqCst),
+                0,
+                "{name} {precision:?}: allocations in 20 decode steps"
+            );
+            // The counter does see allocations: the reference path allocates per step.
+            COUNTING.store(true, Ordering::SeqCst);
+            model
+                .forward(&mut st, &[next], Logits::Last, None)
+                .expect("reference step");
+            COUNTING.store(false, Ordering::SeqCst);
+            assert!(
+                ALLOCS.load(Ordering::SeqCst) > 0,
+                "{name}: counter saw nothing"
+            );
+        }
+    }
+}

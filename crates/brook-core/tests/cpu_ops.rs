@@ -1,0 +1,276 @@
+//! The CPU forward pass's helpers against the reference functions in `model/`, on random
+//! inputs, at every SIMD level this CPU runs.
+//!
+//! Tolerance: relative L2 1e-5 (f32 summation order differs; measured ~1e-7); router choices
+//! must be identical.
+
+mod common;
+
+use brook_core::Model;
+use brook_core::cpu::attention::attend;
+use brook_core::cpu::delta::{self, HeadRows};
+use brook_core::cpu::ops::{rms_norm, rope, rope_inv_freq, route_top_k};
+use brook_core::cpu::testutil::{Format, Rng, random_linear};
+use brook_core::cpu::{SimdLevel, SwigluScratch, expert_swiglu};
+use brook_core::dtype::DType;
+use brook_core::model::delta_net::{DeltaInputs, delta_rule_chunked, delta_rule_recurrent};
+use brook_core::model::moe::{ExpertData, route, swiglu};
+use brook_core::model::weights::{Expert, MoeWeights};
+use brook_core::model::{attention, ops};
+use common::{fixture, rel_l2};
+
+const TOL: f64 = 1e-5;
+
+#[test]
+fn rms_norm_matches_reference() {
+    let mut rng = Rng::new(1);
+    for n in [1, 7, 64, 2048, 2051] {
+        let (x, w) = (rng.vec(n, 3.0), rng.vec(n, 1.0));
+        let mut want = vec![0.0; n];
+        ops::rms_norm(&x, &w, 1e-6, &mut want);
+        for level in SimdLevel::supported() {
+            let mut got = vec![0.0; n];
+            rms_norm(level, &x, &w, 1e-6, &mut got);
+            assert!(rel_l2(&got, &want) < TOL, "{level:?} n {n}");
+        }
+    }
+}
+
+fn expert(rng: &mut Rng, h: usize, i: usize, fmt: Format) -> Expert {
+    Expert {
+        gate_proj: random_linear(rng, i, h, fmt),
+        up_proj: random_linear(rng, i, h, fmt),
+        down_proj: random_linear(rng, h, i, fmt),
+    }
+}
+
+#[test]
+fn expert_swiglu_matches_reference() {
+    let mut rng = Rng::new(2);
+    let formats = [
+        Format::Affine {
+            bits: 4,
+            group: 64,
+            float: DType::BF16,
+        },
+        Format::Affine {
+            bits: 3,
+            group: 32,
+            float: DType::F16,
+        },
+        Format::Affine {
+            bits: 8,
+            group: 128,
+            float: DType::F32,
+        },
+        Format::Float(DType::BF16),
+    ];
+    for fmt in formats {
+        let e = expert(&mut rng, 256, 128, fmt);
+        let x = rng.vec(256, 1.0);
+        let mut want = vec![0.0; 256];
+        swiglu(e.view(), &x, &mut want);
+        let mut s = SwigluScratch::default();
+        for level in SimdLevel::supported() {
+            let mut got = vec![0.0; 256];
+            expert_swiglu(level, e.view(), &x, &mut got, &mut s).expect("swiglu");
+            assert!(rel_l2(&got, &want) < TOL, "{level:?} {fmt:?}");
+        }
+    }
+}
+
+#[test]
+fn router_top_k_chooses_what_the_reference_chooses() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let mut rng = Rng::new(3);
+    for (e_n, k, norm) in [(8, 3, true), (64, 8, true), (512, 10, false)] {
+        let mut cfg = model.cfg.clone();
+        cfg.num_experts = e_n;
+        cfg.num_experts_per_tok = k;
+        cfg.norm_topk_prob = norm;
+        let h = cfg.hidden_size;
+        let f32w = Format::Float(DType::F32);
+        let w = MoeWeights {
+            gate: random_linear(&mut rng, e_n, h, f32w),
+            shared_expert: expert(&mut rng, h, 8, f32w),
+            shared_expert_gate: random_linear(&mut rng, 1, h, f32w),
+        };
+        for _ in 0..20 {
+            let x = rng.vec(h, 2.0);
+            let want = route(&w, &cfg, &x);
+            let mut p = vec![0.0; e_n];
+            w.gate.forward(&x, &mut p);
+            let (mut sel, mut wts) = (vec![0; k], vec![0.0; k]);
+            route_top_k(&mut p, norm, &mut sel, &mut wts);
+            assert_eq!(sel, want.experts);
+            assert!(rel_l2(&wts, &want.weights) < TOL);
+        }
+        // Ties keep the lower index first, as the reference's stable order does.
+        let mut p = vec![0.0; e_n];
+        let (mut sel, mut wts) = (vec![0; k], vec![0.0; k]);
+        route_top_k(&mut p, norm, &mut sel, &mut wts);
+        assert_eq!(sel, (0..k).collect::<Vec<_>>());
+    }
+}
+
+#[test]
+fn rope_matches_reference() {
+    let model = Model::open(&fixture("next-q4")).expect("open");
+    let cfg = &model.cfg;
+    let inv = rope_inv_freq(cfg);
+    let mut rng = Rng::new(4);
+    for pos in [0, 1, 17, 4095, 100_000] {
+        let x = rng.vec(cfg.head_dim, 1.0);
+        let (mut a, mut b) = (x.clone(), x);
+        attention::rope(&mut a, pos, cfg);
+        rope(&mut b, pos, &inv);
+        assert_eq!(a, b, "pos {pos}");
+    }
+}
+
+#[test]
+fn attention_over_a_cache_matches_a_direct_softmax() {
+    let mut rng = Rng::new(5);
+    let (nkv, hd) = (2, 64);
+    for visible in [1, 5, 300] {
+        let keys = rng.vec(visible * nkv * hd, 1.0);
+        let values = rng.vec(visible * nkv * hd, 1.0);
+        let q = rng.vec(hd, 1.0);
+        let kvh = 1;
+        let scale = (hd as f32).powf(-0.5);
+        let mut sc: Vec<f32> = (0..visible)
+            .map(|p| {
+                let kp = &keys[(p * nkv + kvh) * hd..][..hd];
+                q.iter().zip(kp).map(|(a, b)| a * b).sum::<f32>() * scale
+            })
+            .collect();
+        ops::softmax(&mut sc);
+        let mut want = vec![0.0; hd];
+        for (p, &pr) in sc.iter().enumerate() {
+            for (o, &v) in want.iter_mut().zip(&values[(p * nkv + kvh) * hd..][..hd]) {
+                *o += pr * v;
+            }
+        }
+        for level in SimdLevel::supported() {
+            let (mut scores, mut got) = (vec![0.0; visible], vec![0.0; hd]);
+            attend(
+                level,
+                &q,
+                &keys,
+                &values,
+                nkv,
+                kvh,
+                visible,
+                scale,
+                &mut scores,
+                &mut got,
+            );
+            assert!(rel_l2(&got, &want) < TOL, "{level:?} visible {visible}");
+        }
+    }
+}
+
+/// Random normalised delta-rule inputs for T tokens (nk = 1, nv = 2 value heads).
+struct Inputs {
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    g: Vec<f32>,
+    beta: Vec<f32>,
+}
+
+fn delta_inputs(rng: &mut Rng, t: usize, nv: usize, dk: usize, dv: usize) -> Inputs {
+    let mut unit = |n: usize| {
+        let mut v = rng.vec(n, 1.0);
+        for h in v.chunks_exact_mut(dk) {
+            let norm = h.iter().map(|x| x * x).sum::<f32>().sqrt();
+            h.iter_mut().for_each(|x| *x /= norm);
+        }
+        v
+    };
+    let (q, k) = (unit(t * dk), unit(t * dk));
+    let v = rng.vec(t * nv * dv, 1.0);
+    let g = (0..t * nv).map(|_| -0.3 * (1.0 + rng.f32())).collect();
+    let beta = (0..t * nv).map(|_| 0.5 + 0.4 * rng.f32()).collect();
+    Inputs { q, k, v, g, beta }
+}
+
+#[test]
+fn delta_rule_step_and_chunked_match_reference() {
+    let mut rng = Rng::new(6);
+    let (nv, dk, dv) = (2, 32, 48);
+    for t in [1, 3, 64, 150] {
+        let x = delta_inputs(&mut rng, t, nv, dk, dv);
+        let s0 = rng.vec(nv * dk * dv, 0.5);
+        let inputs = DeltaInputs {
+            q: &x.q,
+            k: &x.k,
+            v: &x.v,
+            g: &x.g,
+            beta: &x.beta,
+            nk: 1,
+            nv,
+            dk,
+            dv,
+        };
+        let (mut s_ref, mut o_ref) = (s0.clone(), vec![0.0; t * nv * dv]);
+        delta_rule_recurrent(&inputs, &mut s_ref, &mut o_ref);
+        let (mut s_ch, mut o_ch) = (s0.clone(), vec![0.0; t * nv * dv]);
+        delta_rule_chunked(&inputs, &mut s_ch, &mut o_ch);
+        for level in SimdLevel::supported() {
+            // Token by token with `step`.
+            let mut s = s0.clone();
+            let mut o = vec![0.0; t * nv * dv];
+            let mut scratch = vec![0.0; delta::step_scratch(dv)];
+            for ti in 0..t {
+                for h in 0..nv {
+                    let oh = &mut o[(ti * nv + h) * dv..][..dv];
+                    delta::step(
+                        level,
+                        &mut s[h * dk * dv..(h + 1) * dk * dv],
+                        &x.q[ti * dk..][..dk],
+                        &x.k[ti * dk..][..dk],
+                        &x.v[(ti * nv + h) * dv..][..dv],
+                        x.g[ti * nv + h],
+                        x.beta[ti * nv + h],
+                        oh,
+                        &mut scratch,
+                    );
+                }
+            }
+            assert!(rel_l2(&o, &o_ref) < TOL, "{level:?} step T={t} output");
+            assert!(rel_l2(&s, &s_ref) < TOL, "{level:?} step T={t} state");
+            // All tokens at once with `chunked`, one head at a time.
+            let mut s = s0.clone();
+            let mut scratch = vec![0.0; delta::chunked_scratch(dv)];
+            for h in 0..nv {
+                let rows = HeadRows {
+                    q: &x.q,
+                    k: &x.k,
+                    v: &x.v[h * dv..],
+                    g: &x.g[h..],
+                    beta: &x.beta[h..],
+                    q_stride: dk,
+                    v_stride: nv * dv,
+                    gb_stride: nv,
+                    dk,
+                    dv,
+                };
+                let mut oh = vec![0.0; t * dv];
+                delta::chunked(
+                    level,
+                    &rows,
+                    t,
+                    &mut s[h * dk * dv..(h + 1) * dk * dv],
+                    &mut scratch,
+                    &mut oh,
+                );
+                let want: Vec<f32> = (0..t)
+                    .flat_map(|ti| o_ch[(ti * nv + h) * dv..][..dv].to_vec())
+                    .collect();
+                assert!(rel_l2(&oh, &want) < TOL, "{level:?} chunked T={t} head {h}");
+            }
+            assert!(rel_l2(&s, &s_ch) < TOL, "{level:?} chunked T={t} state");
+        }
+    }
+}

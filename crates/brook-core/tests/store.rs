@@ -1,0 +1,98 @@
+//! The model store: checkpoint folders repacked on first use, names resolved, list and remove.
+
+use std::path::PathBuf;
+
+use brook_core::container::Container;
+use brook_core::store::{Origin, Store, StoreEvent};
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn checkpoint_folder_is_repacked_once_then_reused() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let store = Store::new(home.path());
+    let src = fixture("next-q4");
+    let mut announced = Vec::new();
+    let dir = store
+        .resolve(src.to_str().expect("utf8"), &mut |e| {
+            if let StoreEvent::Repacking { into, .. } = e {
+                announced.push(into.to_path_buf());
+            }
+        })
+        .expect("resolve checkpoint");
+    assert_eq!(announced, std::slice::from_ref(&dir));
+    assert!(dir.starts_with(store.models_dir()));
+    Container::open(&dir).expect("a working container");
+
+    let again = store
+        .resolve(src.to_str().expect("utf8"), &mut |e| {
+            assert!(!matches!(e, StoreEvent::Repacking { .. }), "repacked twice");
+        })
+        .expect("second resolve");
+    assert_eq!(again, dir);
+    let same = store
+        .resolve(dir.to_str().expect("utf8"), &mut |_| {})
+        .expect("a container path resolves to itself");
+    assert_eq!(same, dir);
+
+    let listed = store.list().expect("list");
+    assert_eq!(listed.len(), 1);
+    assert!(
+        listed[0].name.starts_with("local--next-q4-"),
+        "{}",
+        listed[0].name
+    );
+    assert!(listed[0].size > 0);
+    let origin = listed[0].origin.as_ref().expect("origin");
+    assert_eq!(
+        origin.source,
+        std::fs::canonicalize(&src).expect("canonical")
+    );
+    assert!(
+        !home
+            .path()
+            .join("models/.partial")
+            .read_dir()
+            .expect("dir")
+            .any(|_| true)
+    );
+}
+
+#[test]
+fn pulled_names_resolve_list_and_remove() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let store = Store::new(home.path());
+    let origin = Origin {
+        repo: Some("org/next".into()),
+        revision: Some("v1".into()),
+        commit: Some("0".repeat(40)),
+        source: fixture("next-q4"),
+    };
+    let dir = store
+        .import(&fixture("next-q4"), "org/next@v1", &origin, &mut |_| {})
+        .expect("import");
+    assert_eq!(dir, home.path().join("models/org--next@v1"));
+    assert_eq!(
+        store.resolve("org/next@v1", &mut |_| {}).expect("by name"),
+        dir
+    );
+    let err = store
+        .resolve("org/next", &mut |_| {})
+        .expect_err("other revision");
+    assert!(err.to_string().contains("brook pull org/next"), "{err}");
+
+    let listed = store.list().expect("list");
+    assert_eq!(listed[0].name, "org/next@v1");
+    assert_eq!(listed[0].origin.as_ref(), Some(&origin));
+
+    let gone = store.remove("org/next@v1").expect("remove");
+    assert!(gone.size > 0);
+    assert!(!dir.exists());
+    assert!(store.list().expect("list").is_empty());
+    let err = store.remove("org/next@v1").expect_err("already gone");
+    assert!(err.to_string().contains("brook list"), "{err}");
+}
