@@ -31,6 +31,7 @@ enum Command {
     Pull(cmd::pull::Args),
     List(cmd::list::Args),
     Rm(cmd::rm::Args),
+    Serve(cmd::serve::Args),
 }
 
 fn main() -> ExitCode {
@@ -52,6 +53,7 @@ fn main() -> ExitCode {
         Command::Pull(a) => cmd::pull::run(a),
         Command::List(a) => cmd::list::run(a),
         Command::Rm(a) => cmd::rm::run(a),
+        Command::Serve(a) => cmd::serve::run(a),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

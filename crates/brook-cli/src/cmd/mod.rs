@@ -9,6 +9,7 @@ pub mod logits;
 pub mod pull;
 pub mod repack;
 pub mod rm;
+pub mod serve;
 pub mod synth;
 pub mod tokenize;
 pub mod verify;

@@ -1,0 +1,273 @@
+//! The model worker: one OS thread owns the one [`Session`] and runs requests one at a time
+//! from a bounded queue, streaming their events back to the HTTP handlers.
+//!
+//! The queue admits one running request plus `queue` waiting ones; beyond that `submit`
+//! refuses (the handler answers 429). A [`Ticket`] is the handler's side of a job: dropping it
+//! (the client went away, so axum dropped the response stream or the handler future) cancels
+//! the job through its [`CancelToken`], and a job whose receiver is gone is cancelled at its
+//! next event too, so the model is free for the next request within a token. A chat request
+//! hands the session its history and then its last message, so a conversation that extends the
+//! previous one reuses the kept state (the session finds the shared prefix itself).
+//!
+//! It must not know about HTTP or JSON: errors come back as [`ApiError`] values only because
+//! that is the type the handlers answer with. Generation runs off the async runtime, since a
+//! forward pass blocks for tens of milliseconds or more.
+
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Instant;
+
+use brook_core::session::{CancelToken, Completion, Event, GenOptions, Llm, Session};
+use brook_core::text::{Message, StreamOptions, TextStream};
+use tokio::sync::mpsc;
+
+use crate::error::ApiError;
+
+/// What a job asks the model to do.
+#[derive(Debug)]
+pub enum Work {
+    /// Continue `history` with `last` through the chat template.
+    Chat {
+        history: Vec<Message>,
+        last: Message,
+    },
+    /// Complete raw token ids (no template).
+    Raw { ids: Vec<u32> },
+}
+
+/// What the worker sends back for a job, in order: `Started`, `Event`s, then `Done` or
+/// `Failed`.
+#[derive(Debug)]
+pub enum Out {
+    /// The job left the queue after waiting this long.
+    Started {
+        queued_s: f64,
+    },
+    Event(Event),
+    Done(Box<Completion>),
+    Failed(ApiError),
+}
+
+struct Job {
+    work: Work,
+    opts: GenOptions,
+    cancel: CancelToken,
+    tx: mpsc::UnboundedSender<Out>,
+    queued_at: Instant,
+    _slot: SlotGuard,
+}
+
+/// A place in the queue, given back once: when the job is done, failed or skipped, or as soon
+/// as its client leaves (a cancelled job no longer counts, even before the worker drops it).
+#[derive(Debug)]
+struct Slot {
+    admitted: Arc<AtomicUsize>,
+    held: AtomicBool,
+}
+
+impl Slot {
+    fn release(&self) {
+        if self.held.swap(false, Ordering::SeqCst) {
+            self.admitted.fetch_sub(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Gives the slot back when the job is dropped.
+struct SlotGuard(Arc<Slot>);
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.0.release();
+    }
+}
+
+/// The handler's end of a submitted job. Dropping it cancels the job and frees its place.
+#[derive(Debug)]
+pub struct Ticket {
+    pub events: mpsc::UnboundedReceiver<Out>,
+    cancel: CancelToken,
+    slot: Arc<Slot>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.slot.release();
+    }
+}
+
+/// The bounded queue in front of the worker thread.
+#[derive(Debug)]
+pub struct Queue {
+    tx: std::sync::mpsc::Sender<Job>,
+    /// Jobs admitted and not yet finished (running + waiting).
+    admitted: Arc<AtomicUsize>,
+    /// Waiting jobs allowed besides the running one.
+    pub waiting_limit: usize,
+}
+
+/// Which kind of request last fed the session: raw ids bypass the template, so the session's
+/// text bookkeeping only stays valid while the kind does not change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Chat,
+    Raw,
+}
+
+impl Queue {
+    /// Starts the worker thread for `llm`.
+    pub fn spawn(llm: Arc<Llm>, waiting_limit: usize) -> std::io::Result<Self> {
+        let (tx, rx) = std::sync::mpsc::channel::<Job>();
+        std::thread::Builder::new()
+            .name("brook-model".into())
+            .spawn(move || worker_loop(llm, rx))?;
+        Ok(Self {
+            tx,
+            admitted: Arc::new(AtomicUsize::new(0)),
+            waiting_limit,
+        })
+    }
+
+    /// Jobs admitted and not finished (the running one included).
+    pub fn len(&self) -> usize {
+        self.admitted.load(Ordering::SeqCst)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues a job, or answers `None` when the queue is full.
+    pub fn submit(&self, work: Work, mut opts: GenOptions) -> Option<Ticket> {
+        let limit = self.waiting_limit.saturating_add(1);
+        let admitted = self
+            .admitted
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < limit).then_some(n + 1)
+            });
+        if admitted.is_err() {
+            return None;
+        }
+        let slot = Arc::new(Slot {
+            admitted: self.admitted.clone(),
+            held: AtomicBool::new(true),
+        });
+        let cancel = CancelToken::new();
+        opts.cancel = Some(cancel.clone());
+        let (tx, rx) = mpsc::unbounded_channel();
+        let job = Job {
+            work,
+            opts,
+            cancel: cancel.clone(),
+            tx,
+            queued_at: Instant::now(),
+            _slot: SlotGuard(slot.clone()),
+        };
+        // A send fails only if the worker thread died; the job's events channel then closes
+        // and the handler answers 500.
+        let _ = self.tx.send(job);
+        Some(Ticket {
+            events: rx,
+            cancel,
+            slot,
+        })
+    }
+}
+
+fn worker_loop(llm: Arc<Llm>, rx: std::sync::mpsc::Receiver<Job>) {
+    let mut session = llm.session();
+    let mut mode = Mode::Chat;
+    for job in rx {
+        if job.cancel.is_cancelled() || job.tx.is_closed() {
+            continue; // the client left while waiting
+        }
+        let _ = job.tx.send(Out::Started {
+            queued_s: job.queued_at.elapsed().as_secs_f64(),
+        });
+        let result =
+            std::panic::catch_unwind(AssertUnwindSafe(|| run(&mut session, &mut mode, &job)));
+        let out = match result {
+            Ok(Ok(c)) => {
+                log_done(&c, job.queued_at);
+                Out::Done(Box::new(c))
+            }
+            Ok(Err(e)) => {
+                // A failed turn may leave the state and the session's text out of step (a
+                // prefill cut short); start the next request from scratch.
+                session.reset();
+                Out::Failed(e)
+            }
+            Err(panic) => {
+                session = llm.session();
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("generation panicked: {what}");
+                Out::Failed(ApiError::internal(format!(
+                    "generation failed inside brook ({what}); the session was reset"
+                )))
+            }
+        };
+        let _ = job.tx.send(out);
+    }
+}
+
+fn log_done(c: &Completion, queued_at: Instant) {
+    let u = &c.usage;
+    tracing::info!(
+        prompt = u.prompt_tokens,
+        cached = u.cached_tokens,
+        completion = u.completion_tokens,
+        prefill_s = u.prefill_s,
+        decode_s = u.decode_s,
+        total_s = queued_at.elapsed().as_secs_f64(),
+        finish = ?c.finish,
+        "request done"
+    );
+}
+
+fn run(session: &mut Session, mode: &mut Mode, job: &Job) -> Result<Completion, ApiError> {
+    let tx = &job.tx;
+    let cancel = &job.cancel;
+    let mut on_event = |ev: Event| {
+        if tx.send(Out::Event(ev)).is_err() {
+            cancel.cancel();
+        }
+    };
+    match &job.work {
+        Work::Chat { history, last } => {
+            if *mode != Mode::Chat {
+                session.reset();
+                *mode = Mode::Chat;
+            }
+            session.set_messages(history.clone());
+            Ok(session.chat(last.clone(), &job.opts, &mut on_event)?)
+        }
+        Work::Raw { ids } => {
+            let held = session.tokens();
+            let reuse = *mode == Mode::Raw && ids.len() > held.len() && ids.starts_with(held);
+            let start = if reuse { held.len() } else { 0 };
+            if !reuse {
+                session.reset();
+                *mode = Mode::Raw;
+            }
+            let llm = session.llm().clone();
+            let tok = llm.tokenizer()?.clone();
+            let mut text = TextStream::new(
+                tok,
+                StreamOptions {
+                    stop_strings: job.opts.stop.clone(),
+                    stop_ids: llm.stop_ids.clone(),
+                    parse_reasoning: false,
+                    parse_tool_calls: false,
+                    ..Default::default()
+                },
+            );
+            Ok(session.generate(&ids[start..], &job.opts, Some(&mut text), &mut on_event)?)
+        }
+    }
+}
