@@ -188,3 +188,25 @@ fn peak_rss_stays_under_a_small_budget() {
         "VmHWM {peak}: the budget should be used, not ignored"
     );
 }
+
+#[test]
+fn every_command_help_names_its_flags_and_shows_an_example() {
+    let top = brook().arg("--help").output().expect("run");
+    let text = String::from_utf8_lossy(&top.stdout).to_string();
+    let commands: Vec<String> = text
+        .lines()
+        .skip_while(|l| !l.starts_with("Commands:"))
+        .skip(1)
+        .take_while(|l| l.starts_with("  "))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+        .filter(|c| c != "help")
+        .collect();
+    assert!(commands.len() >= 14, "{commands:?}");
+    for c in commands {
+        let out = brook().args([c.as_str(), "--help"]).output().expect("run");
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{c}");
+        assert!(help.contains("Example"), "`brook {c} --help` shows no example:\n{help}");
+        assert!(help.contains("Options:") && help.contains("--help"), "{c}: {help}");
+    }
+}

@@ -246,3 +246,42 @@ fn repack_refuses_foreign_folders() {
     let e = repack(&src, &part, &mut |_| {}).expect_err("refused");
     assert!(e.to_string().contains("different checkpoint"), "{e}");
 }
+
+#[test]
+fn every_synth_preset_has_real_shapes_and_finite_activations() {
+    use brook_core::synth::{PRESETS, SynthStore};
+    // Sizes in GB of the 4-bit presets (MODEL.md §6 for the 35B and 80B).
+    for (preset, lo, hi) in [
+        ("qwen3.6-35b-a3b", 19.4, 19.6),
+        ("qwen3.5-35b-a3b", 19.4, 19.6),
+        ("qwen3-next-80b-a3b", 44.7, 44.9),
+        ("qwen3.5-122b-a10b", 68.0, 69.5),
+        ("qwen3.5-397b-a17b", 222.0, 224.5),
+    ] {
+        assert!(PRESETS.contains(&preset));
+        let s = SynthStore::new(preset, 4, 0).expect(preset);
+        let gb = s.total_bytes() as f64 / 1e9;
+        assert!(gb > lo && gb < hi, "{preset}: {gb:.2} GB");
+    }
+    // The tiny preset runs: every layer's output is finite and of moderate size.
+    let dir = tempfile::tempdir().expect("tmp");
+    let s = SynthStore::new("tiny", 4, 0).expect("tiny");
+    let out = dir.path().join("c");
+    repack(&s.repack_source(), &out, &mut |_| {}).expect("repack");
+    let m = Model::open(&out).expect("open");
+    let tokens: Vec<u32> = (0..24).map(|i| i * 131 % 4096).collect();
+    let mut rms = Vec::new();
+    m.forward(
+        &mut m.new_state(),
+        &tokens,
+        Logits::Last,
+        Some(&mut |st: brook_core::Stage<'_>| {
+            if let brook_core::Stage::Layer(_, x) = st {
+                let r = (x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32).sqrt();
+                rms.push(r);
+            }
+        }),
+    )
+    .expect("forward");
+    assert!(rms.iter().all(|r| r.is_finite() && *r > 0.1 && *r < 100.0), "{rms:?}");
+}
