@@ -11,10 +11,13 @@ use std::time::Duration;
 use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
-    CpuPool, Precision, SimdLevel, XBatch, XPrep, qmatmul_pool, qmatvec_pool_at,
+    CpuPool, Precision, SimdLevel, SwigluScratch, XBatch, XPrep, expert_swiglu, qmatmul_pool,
+    qmatvec_pool_at,
 };
 use brook_core::dtype::DType;
 use brook_core::linear::Linear;
+use brook_core::model::moe::ExpertData;
+use brook_core::model::weights::Expert;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 fn nbytes(w: &Linear) -> u64 {
