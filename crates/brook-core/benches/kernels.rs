@@ -11,10 +11,13 @@ use std::time::Duration;
 use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
-    CpuPool, Precision, SimdLevel, XBatch, XPrep, qmatmul_pool, qmatvec_pool_at,
+    CpuPool, Precision, SimdLevel, SwigluScratch, XBatch, XPrep, expert_swiglu, qmatmul_pool,
+    qmatvec_pool_at,
 };
 use brook_core::dtype::DType;
 use brook_core::linear::Linear;
+use brook_core::model::moe::ExpertData;
+use brook_core::model::weights::Expert;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
 fn nbytes(w: &Linear) -> u64 {
@@ -128,6 +131,31 @@ fn matvec(c: &mut Criterion) {
     g.finish();
 }
 
+fn expert(c: &mut Criterion) {
+    let level = SimdLevel::detect();
+    let mut rng = Rng::new(3);
+    let q4 = Format::Affine {
+        bits: 4,
+        group: 64,
+        float: DType::BF16,
+    };
+    let e = Expert {
+        gate_proj: random_linear(&mut rng, 512, 2048, q4),
+        up_proj: random_linear(&mut rng, 512, 2048, q4),
+        down_proj: random_linear(&mut rng, 2048, 512, q4),
+    };
+    let bytes = nbytes(&e.gate_proj) + nbytes(&e.up_proj) + nbytes(&e.down_proj);
+    let x = rng.vec(2048, 1.0);
+    let mut y = vec![0.0; 2048];
+    let mut s = SwigluScratch::default();
+    let mut g = c.benchmark_group("expert_swiglu");
+    g.throughput(Throughput::Bytes(bytes));
+    g.bench_function(format!("q4g64_2048-512-2048/{}/1t", level.name()), |b| {
+        b.iter(|| expert_swiglu(level, e.view(), &x, &mut y, &mut s))
+    });
+    g.finish();
+}
+
 fn matmul(c: &mut Criterion) {
     let level = SimdLevel::detect();
     let mut rng = Rng::new(2);
@@ -161,6 +189,6 @@ fn matmul(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = memory_baseline, matvec, matmul
+    targets = memory_baseline, matvec, expert, matmul
 }
 criterion_main!(benches);

@@ -8,7 +8,7 @@
 mod common;
 
 use brook_core::cpu::{CpuModel, CpuOptions, Precision, SimdLevel};
-use brook_core::model::moe::Route;
+use brook_core::model::moe::{ExpertHandle, ExpertSource, ResidentExperts, Route};
 use brook_core::model::state::LayerState;
 use brook_core::{Logits, Model, Stage};
 use common::{MODELS, Reference, argmax, fixture, rel_l2};
@@ -214,4 +214,44 @@ fn bad_tokens_and_foreign_states_are_errors() {
     let other = Model::open(&fixture("next-q4")).expect("open");
     let mut foreign = other.new_state();
     assert!(cpu.forward(&mut foreign, &[1], Logits::Last).is_err());
+}
+
+/// An expert source that holds at most two experts at once, like a small streaming cache.
+#[derive(Debug)]
+struct SmallCache(Box<dyn ExpertSource>);
+
+impl ExpertSource for SmallCache {
+    fn fetch(&self, layer: usize, ids: &[usize]) -> brook_core::Result<Vec<ExpertHandle>> {
+        assert!(ids.len() <= 2, "fetched {} experts at once", ids.len());
+        self.0.fetch(layer, ids)
+    }
+    fn capacity(&self) -> usize {
+        2
+    }
+}
+
+#[test]
+fn output_identical_across_expert_cache_sizes() {
+    let name = "qwen35-q4";
+    let mut model = Model::open(&fixture(name)).expect("open");
+    let tokens = Reference::open(name).ids("tokens");
+    let run = |model: &Model| {
+        let mut cpu = CpuModel::new(model, opts(SimdLevel::detect(), 2, 8)).expect("cpu");
+        let mut st = cpu.new_state(32);
+        let mut out = cpu
+            .forward(&mut st, &tokens, Logits::All)
+            .expect("prefill")
+            .to_vec();
+        out.extend_from_slice(cpu.forward(&mut st, &[3], Logits::Last).expect("step"));
+        out
+    };
+    let want = run(&model);
+    let experts = std::mem::replace(&mut model.experts, Box::new(ResidentExperts::default()));
+    model.experts = Box::new(SmallCache(experts));
+    let got = run(&model);
+    assert!(
+        rel_l2(&got, &want) < 1e-6,
+        "rel L2 {:e}",
+        rel_l2(&got, &want)
+    );
 }

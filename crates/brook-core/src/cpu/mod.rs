@@ -6,15 +6,20 @@
 //! [`crate::linear::LinearRef::forward_rows`], and [`CpuModel`] reads and writes the same
 //! [`crate::model::state::SeqState`] as [`crate::Model::forward`].
 //!
-//! Layout: `simd` (level detection), `qmatvec` / `qmatmul` (kernels; x86 inner loops in
-//! `avx2`, `avx512`), `pool` (threads), `ops`, `attention`, `delta` (vectorized helpers),
-//! `exec` (projections as one pool job), `mixer`, `moe`, `model` (the forward pass).
+//! Layout: `simd` (level detection); `qmatvec` / `qmatmul` (kernels, with x86 inner loops in
+//! `avx2`, `avx512`, `avx512_split` for Split24 and `avx512_mm` for prefill tiles); `pool`
+//! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
+//! pool job); `mixer`, `moe`, `model` (the forward pass).
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod avx512_mm;
+#[cfg(target_arch = "x86_64")]
+mod avx512_split;
 pub mod delta;
 pub mod exec;
 pub mod mixer;

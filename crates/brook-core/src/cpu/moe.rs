@@ -119,7 +119,8 @@ pub fn forward(
 ) -> Result<()> {
     let h = cfg.hidden_size;
     let t = x.len() / h;
-    if t == 1 {
+    // A cache that cannot hold one token's k experts at once takes the batched path.
+    if t == 1 && experts.capacity() >= s.k {
         decode(ex, w, cfg, experts, layer, x, out, s)
     } else {
         prefill(ex, w, cfg, experts, layer, x, t, out, s)

@@ -78,14 +78,6 @@ pub(crate) mod plain {
         }
     }
 
-    /// y = a·y + b·x.
-    #[inline(always)]
-    pub fn scale_axpy(a: f32, y: &mut [f32], b: f32, x: &[f32]) {
-        for (yi, xi) in y.iter_mut().zip(x) {
-            *yi = b.mul_add(*xi, a * *yi);
-        }
-    }
-
     /// x ·= a.
     #[inline(always)]
     pub fn scale(a: f32, x: &mut [f32]) {

@@ -201,7 +201,7 @@ fn unpack_row(
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is supported (checked by the caller) and `w` passed `check`.
-        SimdLevel::Avx512 => unsafe { super::avx512::unpack_row(w, r, lanes, dst, sbuf) },
+        SimdLevel::Avx512 => unsafe { super::avx512_mm::unpack_row(w, r, lanes, dst, sbuf) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::Avx2 => unsafe { super::avx2::unpack_row(w, r, lanes, dst, sbuf) },
@@ -229,7 +229,7 @@ fn tile_dot(
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: bounds asserted above; the level is supported.
-        SimdLevel::Avx512 => unsafe { super::avx512::tile(w, ws, x, xs, n, rr, tt, acc) },
+        SimdLevel::Avx512 => unsafe { super::avx512_mm::tile(w, ws, x, xs, n, rr, tt, acc) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: as above.
         SimdLevel::Avx2 => unsafe { super::avx2::tile(w, ws, x, xs, n, rr, tt, acc) },

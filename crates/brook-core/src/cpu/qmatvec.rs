@@ -144,7 +144,8 @@ impl XPrep {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: only called when VNNI (hence AVX-512) is present; `xc` holds 32 floats
             // and the digit rows at `at` (+64, +128, ..., +320) hold 16 bytes each.
-            let inv = unsafe { super::avx512::split_chunk(xc, &mut self.digits[at..at + 336]) };
+            let inv =
+                unsafe { super::avx512_split::split_chunk(xc, &mut self.digits[at..at + 336]) };
             #[cfg(not(target_arch = "x86_64"))]
             let inv = 0.0;
             for j in 0..4 {
@@ -306,7 +307,7 @@ pub fn matvec_rows(
                 // SAFETY: VNNI is present (`split()` is only set when it is) and `check`
                 // guaranteed the byte lengths.
                 SimdLevel::Avx512 if xp.split().is_some() => unsafe {
-                    super::avx512::affine_rows_split(&a, xp, y, rows)
+                    super::avx512_split::affine_rows_split(&a, xp, y, rows)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the level is supported and `check` guaranteed the byte lengths.

@@ -1,0 +1,235 @@
+//! AVX-512 kernels of the prefill matmul: unpacking weight rows to f32 and the 4×4
+//! (rows × tokens) dot-product register tile.
+//!
+//! Owns only these inner loops; the blocking over rows and tokens lives in `qmatmul.rs`. No
+//! allocation, no shape checks (callers checked them). Mirrors `dequant_row` and the portable
+//! tile in `qmatmul.rs`.
+
+use std::arch::x86_64::*;
+
+use super::avx512::{_mm512_div_lanes, scale_at, widen};
+use super::qmatvec::{Affine, SCALE_PAD};
+use crate::linear::{LinearRef, MatRef};
+/// Row `r` of W as f32 into `dst`: natural order, or (`lanes`, 4-bit only) the 16-lane nibble
+/// order of [`super::qmatvec::XPrep`], padded to whole 128-element blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn unpack_row(
+    w: &LinearRef<'_>,
+    r: usize,
+    lanes: bool,
+    dst: &mut [f32],
+    sbuf: &mut [f32],
+) {
+    let n = w.in_features;
+    let a = match w.mat {
+        MatRef::Float { dtype, data } => {
+            // SAFETY: `check` guarantees row r's n elements exist.
+            unsafe {
+                widen(
+                    dtype,
+                    data.as_ptr().add(r * n * dtype.size()),
+                    &mut dst[..n],
+                )
+            };
+            return;
+        }
+        MatRef::Affine {
+            spec,
+            float,
+            packed,
+            scales,
+            biases,
+        } => Affine {
+            bits: spec.bits,
+            group: spec.group_size,
+            float,
+            n,
+            packed,
+            scales,
+            biases,
+        },
+    };
+    let (p, s, b) = a.row(r);
+    let (g, bits, ng) = (a.group, a.bits as usize, a.groups());
+    if lanes {
+        assert!(bits == 4 && ng <= UNPACK_GROUPS && dst.len() >= n.div_ceil(128) * 128);
+        let (sb, bb) = sbuf.split_at_mut(UNPACK_GROUPS + SCALE_PAD);
+        // SAFETY: sizes asserted above and by `check`.
+        unsafe {
+            widen(a.float, s.as_ptr(), &mut sb[..ng]);
+            widen(a.float, b.as_ptr(), &mut bb[..ng]);
+            q4_unpack_lanes(p.as_ptr(), n, sb, bb, g, dst.as_mut_ptr());
+        }
+        return;
+    }
+    let fs = a.float.size();
+    for gi in 0..ng {
+        // SAFETY: group gi's bytes, scale and bias are inside the row (`check`).
+        unsafe {
+            let sv = _mm512_set1_ps(scale_at(a.float, s.as_ptr(), gi));
+            let bv = _mm512_set1_ps(scale_at(a.float, b.as_ptr(), gi));
+            let _ = fs;
+            let mut off = gi * g;
+            while off < (gi + 1) * g {
+                let (lo, hi) = if bits == 8 {
+                    let q0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.as_ptr().add(off) as *const _));
+                    let q1 =
+                        _mm512_cvtepu8_epi32(_mm_loadu_si128(p.as_ptr().add(off + 16) as *const _));
+                    (_mm512_cvtepi32_ps(q0), _mm512_cvtepi32_ps(q1))
+                } else {
+                    unpack32(p.as_ptr().add(off * bits / 8), bits)
+                };
+                let d = dst.as_mut_ptr().add(off);
+                _mm512_storeu_ps(d, _mm512_fmadd_ps(lo, sv, bv));
+                _mm512_storeu_ps(d.add(16), _mm512_fmadd_ps(hi, sv, bv));
+                off += 32;
+            }
+        }
+    }
+}
+
+/// Groups of one row [`unpack_row`] widens at once in lane order.
+pub(super) const UNPACK_GROUPS: usize = 1024;
+
+/// 32 values of `bits` ≤ 8 bits at `p` (4·bits bytes) as two vectors of 16, natural order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn unpack32(p: *const u8, bits: usize) -> (__m512, __m512) {
+    let (mut pidx, mut ctrl) = ([0u8; 32], [0u8; 32]);
+    for q in 0..4 {
+        for m in 0..8 {
+            pidx[q * 8 + m] = (q * bits + m) as u8;
+            ctrl[q * 8 + m] = (m * bits) as u8;
+        }
+    }
+    let chunk = 4 * bits;
+    let lmask: __mmask32 = if chunk >= 32 {
+        u32::MAX
+    } else {
+        (1u32 << chunk) - 1
+    };
+    // SAFETY: the masked load reads only the 4·bits bytes the caller guarantees.
+    unsafe {
+        let raw = _mm256_maskz_loadu_epi8(lmask, p as *const i8);
+        let spread = _mm256_permutexvar_epi8(_mm256_loadu_si256(pidx.as_ptr() as *const _), raw);
+        let sh =
+            _mm256_multishift_epi64_epi8(_mm256_loadu_si256(ctrl.as_ptr() as *const _), spread);
+        let q = _mm256_and_si256(sh, _mm256_set1_epi8(((1u32 << bits) - 1) as u8 as i8));
+        (
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(q))),
+            _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256::<1>(q))),
+        )
+    }
+}
+
+/// Dequantizes one 4-bit row of n elements into `dst` in 16-lane nibble order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn q4_unpack_lanes(p: *const u8, n: usize, s: &[f32], b: &[f32], g: usize, dst: *mut f32) {
+    // SAFETY: p holds n/2 bytes, s and b n/g + 16 floats, dst n rounded up to 128 floats.
+    unsafe {
+        let lut = _mm512_setr_ps(
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        );
+        let idx = _mm512_div_lanes((g / 8) as i32);
+        let nw = n / 8;
+        let mut blk = 0;
+        while blk * 16 < nw {
+            let rem = nw - blk * 16;
+            let w = if rem >= 16 {
+                _mm512_loadu_si512(p.add(blk * 64) as *const _)
+            } else {
+                _mm512_maskz_loadu_epi32(((1u32 << rem) - 1) as u16, p.add(blk * 64) as *const i32)
+            };
+            let sv = _mm512_permutexvar_ps(
+                idx,
+                _mm512_loadu_ps(s.as_ptr().add((blk * 128) >> g.trailing_zeros())),
+            );
+            let bv = _mm512_permutexvar_ps(
+                idx,
+                _mm512_loadu_ps(b.as_ptr().add((blk * 128) >> g.trailing_zeros())),
+            );
+            let d = dst.add(blk * 128);
+            macro_rules! step {
+                ($k:literal) => {
+                    let q = _mm512_permutexvar_ps(_mm512_srli_epi32::<{ 4 * $k }>(w), lut);
+                    _mm512_storeu_ps(d.add(16 * $k), _mm512_fmadd_ps(q, sv, bv));
+                };
+            }
+            step!(0);
+            step!(1);
+            step!(2);
+            step!(3);
+            step!(4);
+            step!(5);
+            step!(6);
+            step!(7);
+            blk += 1;
+        }
+    }
+}
+
+/// acc[a][b] = Σ_{i<n} w[a·ws + i]·x[b·xs + i] for a < rr, b < tt (each 1 or 4).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn tile(
+    w: &[f32],
+    ws: usize,
+    x: &[f32],
+    xs: usize,
+    n: usize,
+    rr: usize,
+    tt: usize,
+    acc: &mut [[f32; 4]; 4],
+) {
+    let (w, x) = (w.as_ptr(), x.as_ptr());
+    // SAFETY: the caller asserted the slices hold rr (tt) rows of n at stride ws (xs).
+    unsafe {
+        match (rr, tt) {
+            (4, 4) => tile_rt::<4, 4>(w, ws, x, xs, n, acc),
+            (4, _) => tile_rt::<4, 1>(w, ws, x, xs, n, acc),
+            (_, 4) => tile_rt::<1, 4>(w, ws, x, xs, n, acc),
+            _ => tile_rt::<1, 1>(w, ws, x, xs, n, acc),
+        }
+    }
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn tile_rt<const R: usize, const T: usize>(
+    w: *const f32,
+    ws: usize,
+    x: *const f32,
+    xs: usize,
+    n: usize,
+    out: &mut [[f32; 4]; 4],
+) {
+    let mut a = [[_mm512_setzero_ps(); T]; R];
+    let mut i = 0;
+    // SAFETY: reads stay inside R rows of w and T rows of x, n elements each (caller).
+    unsafe {
+        while i < n {
+            let m: __mmask16 = if n - i >= 16 {
+                u16::MAX
+            } else {
+                ((1u32 << (n - i)) - 1) as u16
+            };
+            let mut xv = [_mm512_setzero_ps(); T];
+            for b in 0..T {
+                xv[b] = _mm512_maskz_loadu_ps(m, x.add(b * xs + i));
+            }
+            for r in 0..R {
+                let wv = _mm512_maskz_loadu_ps(m, w.add(r * ws + i));
+                for b in 0..T {
+                    a[r][b] = _mm512_fmadd_ps(wv, xv[b], a[r][b]);
+                }
+            }
+            i += 16;
+        }
+    }
+    for r in 0..R {
+        for b in 0..T {
+            out[r][b] = _mm512_reduce_add_ps(a[r][b]);
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! AVX-512 VNNI kernels of [`super::qmatvec::Precision::Split24`]: 4-bit rows times activations
+//! held as three signed bytes each, with `vpdpbusd` integer dot products.
+//!
+//! Owns the digit preparation of one 32-element block (`split_chunk`), the one-row and
+//! four-row kernels and their row loop. No allocation, no shape checks (callers checked them).
+//! Mirrors the f32 kernels in `avx512.rs`, which compute the same sums in f32; tests hold both
+//! to the same bounds against the reference.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::avx512::{_mm512_div_lanes, affine_rows, dot_w_vec, prefetch_row, warm_rows, widen};
+use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
+/// Like [`q4_seg`] with Split24 activations (see [`super::qmatvec::Precision::Split24`]):
+/// per block, Σ q·X in i32 from three digit sums (6 `vpdpbusd`), then ·2^-k·s.
+/// Bound: per lane and digit two dot products of 4 terms, |q·d| ≤ 15·128, so
+/// |((S₂·2^8 + S₁)·2^8 + S₀)| ≤ 15360·65793 < 2^31.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_split_seg(
+    p: *const u8,
+    n: usize,
+    s: *const f32,
+    digits: *const i8,
+    lane_inv: *const f32,
+    g: usize,
+    idx: __m512i,
+) -> __m512 {
+    // SAFETY: p holds n/2 bytes; digits 384 bytes and lane_inv 16 floats per 128-element block
+    // (rounded up); s n/g + 16 floats.
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0F);
+        let nw = n / 8;
+        let mut tot = _mm512_setzero_ps();
+        let mut blk = 0;
+        while blk * 16 < nw {
+            let rem = nw - blk * 16;
+            let w = if rem >= 16 {
+                _mm512_loadu_si512(p.add(blk * 64) as *const _)
+            } else {
+                _mm512_maskz_loadu_epi32(((1u32 << rem) - 1) as u16, p.add(blk * 64) as *const i32)
+            };
+            let lo = _mm512_and_si512(w, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
+            let d = digits.add(blk * 384);
+            let ld = |k: usize| _mm512_loadu_si512(d.add(64 * k) as *const _);
+            // Three independent digit sums (short dependency chains), combined in i32.
+            let z = _mm512_setzero_si512();
+            let a2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ld(0)), hi, ld(1));
+            let a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ld(2)), hi, ld(3));
+            let a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ld(4)), hi, ld(5));
+            let acc = _mm512_add_epi32(
+                _mm512_add_epi32(_mm512_slli_epi32::<16>(a2), _mm512_slli_epi32::<8>(a1)),
+                a0,
+            );
+            let f = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(acc),
+                _mm512_loadu_ps(lane_inv.add(blk * 16)),
+            );
+            let sv = _mm512_permutexvar_ps(
+                idx,
+                _mm512_loadu_ps(s.add((blk * 128) >> g.trailing_zeros())),
+            );
+            tot = _mm512_fmadd_ps(f, sv, tot);
+            blk += 1;
+        }
+        tot
+    }
+}
+
+/// Affine 4-bit rows with Split24 activations; other widths go to [`affine_rows`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn affine_rows_split(
+    a: &Affine<'_>,
+    xp: &XPrep,
+    y: &mut [f32],
+    rows: Range<usize>,
+) {
+    let Some((digits, lane_inv)) = xp.split() else {
+        // SAFETY: same contract as ours.
+        return unsafe { affine_rows(a, xp, y, rows) };
+    };
+    if a.bits != 4 {
+        // SAFETY: same contract as ours.
+        return unsafe { affine_rows(a, xp, y, rows) };
+    }
+    let (g, fs) = (a.group, a.float.size());
+    let sums = xp.sums(g);
+    // SAFETY: the level's features are enabled in this function.
+    let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
+    let (start, end) = (rows.start, rows.end);
+    warm_rows(a, start, end);
+    let mut r = start;
+    if a.groups() <= QUAD_GROUPS {
+        let mut sb = [[0.0f32; QUAD_GROUPS + SCALE_PAD]; 4];
+        while r + 4 <= end {
+            for i in 0..4 {
+                prefetch_row(a, r + i, end);
+            }
+            // SAFETY: `check` sized the rows' bytes; XPrep sized digits, lane_inv and sums.
+            unsafe {
+                let rows4: [(&[u8], &[u8], &[u8]); 4] = std::array::from_fn(|i| a.row(r + i));
+                for (i, (_, sc, _)) in rows4.iter().enumerate() {
+                    widen(a.float, sc.as_ptr(), &mut sb[i][..a.groups()]);
+                }
+                let p4 = std::array::from_fn(|i| rows4[i].0.as_ptr());
+                let s4 = std::array::from_fn(|i| sb[i].as_ptr());
+                let tot = q4_split_rows4(p4, a.n, s4, digits.as_ptr(), lane_inv.as_ptr(), g, idx);
+                for i in 0..4 {
+                    let bias = dot_w_vec(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups());
+                    y[r - start + i] = _mm512_reduce_add_ps(_mm512_add_ps(bias, tot[i]));
+                }
+            }
+            r += 4;
+        }
+    }
+    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
+    for (yr, r) in y[r - start..].iter_mut().zip(r..end) {
+        prefetch_row(a, r, end);
+        let (p, s, b) = a.row(r);
+        // SAFETY: `check` sized the row's bytes; XPrep sized digits, lane_inv and sums for a.n.
+        unsafe {
+            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
+            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
+                let ng = SEG_GROUPS.min(a.groups() - g0);
+                let e0 = g0 * g;
+                widen(a.float, s.as_ptr().add(g0 * fs), &mut sbuf[..ng]);
+                sbuf[ng..ng + SCALE_PAD].fill(0.0);
+                let part = q4_split_seg(
+                    p.as_ptr().add(e0 / 2),
+                    ng * g,
+                    sbuf.as_ptr(),
+                    digits.as_ptr().add(e0 / 128 * 384),
+                    lane_inv.as_ptr().add(e0 / 8),
+                    g,
+                    idx,
+                );
+                tot = _mm512_add_ps(tot, part);
+            }
+            *yr = _mm512_reduce_add_ps(tot);
+        }
+    }
+}
+
+/// Groups per row up to which four rows are done at once (their scales widened side by side).
+const QUAD_GROUPS: usize = 256;
+
+/// Four rows of [`q4_split_seg`] sharing each block's activation digits: the digits are
+/// loaded once for four rows, which took the kernel off the load ports (one row at a time it
+/// issued nine 64-byte loads per 64 bytes of weights).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_split_rows4(
+    p: [*const u8; 4],
+    n: usize,
+    s: [*const f32; 4],
+    digits: *const i8,
+    lane_inv: *const f32,
+    g: usize,
+    idx: __m512i,
+) -> [__m512; 4] {
+    // SAFETY: each p[i] holds n/2 bytes, each s[i] n/g + 16 floats; digits 384 bytes and
+    // lane_inv 16 floats per 128-element block (rounded up).
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0F);
+        let z = _mm512_setzero_si512();
+        let gs = g.trailing_zeros();
+        let nw = n / 8;
+        let mut tot = [_mm512_setzero_ps(); 4];
+        let mut blk = 0;
+        while blk * 16 < nw {
+            let rem = nw - blk * 16;
+            let m: __mmask16 = if rem >= 16 {
+                u16::MAX
+            } else {
+                ((1u32 << rem) - 1) as u16
+            };
+            let dp = digits.add(blk * 384);
+            let d: [__m512i; 6] =
+                std::array::from_fn(|k| _mm512_loadu_si512(dp.add(64 * k) as *const _));
+            let li = _mm512_loadu_ps(lane_inv.add(blk * 16));
+            for i in 0..4 {
+                let w = _mm512_maskz_loadu_epi32(m, p[i].add(blk * 64) as *const i32);
+                let lo = _mm512_and_si512(w, nib);
+                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
+                let a2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[0]), hi, d[1]);
+                let a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[2]), hi, d[3]);
+                let a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[4]), hi, d[5]);
+                let acc = _mm512_add_epi32(
+                    _mm512_add_epi32(_mm512_slli_epi32::<16>(a2), _mm512_slli_epi32::<8>(a1)),
+                    a0,
+                );
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), li);
+                let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s[i].add((blk * 128) >> gs)));
+                tot[i] = _mm512_fmadd_ps(f, sv, tot[i]);
+            }
+            blk += 1;
+        }
+        tot
+    }
+}
+
+/// Split24 digits of 32 activations (see [`super::qmatvec::Precision::Split24`]): with
+/// 2^e > max|x| (e clamped to [−100, 127]), X = round(x·2^(22−e)) split into balanced bytes
+/// X = d₂·2^16 + d₁·2^8 + d₀; the even elements' digits go to `out[0..16]` (d₂), `[128..]`
+/// (d₁), `[256..]` (d₀), the odd elements' to the same offsets + 64. Returns 2^(e−22).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn split_chunk(x: &[f32], out: &mut [i8]) -> f32 {
+    assert!(x.len() >= 32 && out.len() >= 336);
+    // SAFETY: bounds asserted above.
+    unsafe {
+        let (a, b) = (
+            _mm512_loadu_ps(x.as_ptr()),
+            _mm512_loadu_ps(x.as_ptr().add(16)),
+        );
+        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        let e = ((max.to_bits() >> 23) as i32 - 126).clamp(-100, 127);
+        let m = _mm512_set1_ps(f32::from_bits(((22 - e + 127) as u32) << 23));
+        let inv = f32::from_bits(((e - 22 + 127) as u32) << 23);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        let (c128, c255) = (_mm512_set1_epi32(128), _mm512_set1_epi32(255));
+        let low =
+            |v: __m512i| _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128);
+        for (idx, off) in [(even, 0), (odd, 64)] {
+            let v = _mm512_permutex2var_ps(a, idx, b);
+            let big = _mm512_cvtps_epi32(_mm512_mul_ps(v, m));
+            let d0 = low(big);
+            let r = _mm512_srai_epi32::<8>(_mm512_sub_epi32(big, d0));
+            let d1 = low(r);
+            let d2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(r, d1));
+            let o = out.as_mut_ptr().add(off);
+            _mm_storeu_si128(o as *mut __m128i, _mm512_cvtepi32_epi8(d2));
+            _mm_storeu_si128(o.add(128) as *mut __m128i, _mm512_cvtepi32_epi8(d1));
+            _mm_storeu_si128(o.add(256) as *mut __m128i, _mm512_cvtepi32_epi8(d0));
+        }
+        inv
+    }
+}
