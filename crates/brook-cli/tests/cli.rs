@@ -206,7 +206,13 @@ fn every_command_help_names_its_flags_and_shows_an_example() {
         let out = brook().args([c.as_str(), "--help"]).output().expect("run");
         let help = String::from_utf8_lossy(&out.stdout);
         assert!(out.status.success(), "{c}");
-        assert!(help.contains("Example"), "`brook {c} --help` shows no example:\n{help}");
-        assert!(help.contains("Options:") && help.contains("--help"), "{c}: {help}");
+        assert!(
+            help.contains("Example"),
+            "`brook {c} --help` shows no example:\n{help}"
+        );
+        assert!(
+            help.contains("Options:") && help.contains("--help"),
+            "{c}: {help}"
+        );
     }
 }

@@ -283,5 +283,8 @@ fn every_synth_preset_has_real_shapes_and_finite_activations() {
         }),
     )
     .expect("forward");
-    assert!(rms.iter().all(|r| r.is_finite() && *r > 0.1 && *r < 100.0), "{rms:?}");
+    assert!(
+        rms.iter().all(|r| r.is_finite() && *r > 0.1 && *r < 100.0),
+        "{rms:?}"
+    );
 }
