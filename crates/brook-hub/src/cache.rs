@@ -118,7 +118,11 @@ impl RepoCache {
         let path = self.dir.join("refs").join(revision);
         let dir = path.parent().unwrap_or(&self.dir);
         std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
-        let tmp = dir.join(format!(".{}.tmp", std::process::id()));
+        // Unique per writer: two pulls in one process (or two processes) may record the
+        // same ref at once, and each must rename its own file.
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{}.{n}.tmp", std::process::id()));
         std::fs::write(&tmp, commit).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
     }
@@ -136,8 +140,10 @@ impl RepoCache {
         let name = pointer
             .file_name()
             .map(|n| n.to_string_lossy().into_owned());
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = dir.join(format!(
-            ".{}.{}.link",
+            ".{}.{}.{n}.link",
             name.unwrap_or_default(),
             std::process::id()
         ));
