@@ -74,17 +74,22 @@ pub fn run(a: Args) -> Result<()> {
         Some(b) => b.split(',').map(|s| Some(s.trim().to_string())).collect(),
         None => vec![None],
     };
-    let threads: Vec<Option<usize>> = match &a.model.threads {
-        Some(t) => vec![Some(*t)],
-        None => vec![None],
+    let threads: Vec<Option<usize>> = if a.model.threads.is_empty() {
+        vec![None]
+    } else {
+        a.model.threads.iter().map(|&t| Some(t)).collect()
     };
-    let rows = if budgets.len() > 1 {
+    let rows = if budgets.len() > 1 || threads.len() > 1 {
         let mut rows = Vec::new();
         for b in &budgets {
             for t in &threads {
                 rows.push(run_child(&a, b.as_deref(), *t)?);
                 if !a.json {
-                    eprintln!("done: budget {}", b.as_deref().unwrap_or("auto"));
+                    eprintln!(
+                        "done: budget {}, threads {}",
+                        b.as_deref().unwrap_or("auto"),
+                        t.map_or("all".to_string(), |t| t.to_string())
+                    );
                 }
             }
         }
@@ -164,6 +169,8 @@ fn run_one(a: &Args) -> Result<Row> {
     let threads = a
         .model
         .threads
+        .first()
+        .copied()
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let mut runner = super::Runner::new(&model, &a.model)?;
 

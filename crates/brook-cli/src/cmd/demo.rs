@@ -67,7 +67,7 @@ pub fn run(a: Args) -> Result<()> {
         context: 4096,
         prefetch: false,
         backend: "cpu".into(),
-        threads: a.threads,
+        threads: a.threads.into_iter().collect(),
     };
     let model = brook_core::Model::open_with(&dir, &args.options()?)?;
     let mut runner = super::Runner::new(&model, &args)?;

@@ -76,9 +76,9 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]
     pub backend: String,
-    /// Compute threads (default: all cores).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Compute threads (default: all cores). `bench` takes a list, e.g. 1,2, and sweeps it.
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Vec<usize>,
 }
 
 impl ModelArgs {
@@ -96,7 +96,7 @@ impl ModelArgs {
         };
         Ok(brook_core::model::open::OpenOptions {
             backend,
-            threads: self.threads,
+            threads: self.threads.first().copied(),
             memory_budget: self
                 .memory_budget
                 .as_deref()
