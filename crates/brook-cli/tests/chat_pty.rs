@@ -4,36 +4,13 @@
 use std::io::{Read, Write};
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
-}
-
-/// A small random model with the real Qwen3.6 tokenizer and template.
-fn chat_model(dir: &Path) -> PathBuf {
-    let mut cfg = brook_core::synth::preset_config("tiny").expect("preset");
-    cfg["text_config"]["hidden_size"] = 128.into();
-    cfg["text_config"]["vocab_size"] = 248320.into();
-    cfg["eos_token_id"] = serde_json::json!([248046, 248044]);
-    let store = brook_core::synth::SynthStore::from_config("chat", cfg, 4, 11).expect("synth");
-    let out = dir.join("chat-model");
-    brook_core::container::repack::repack(&store.repack_source(), &out, &mut |_| {})
-        .expect("repack");
-    let mut json = Vec::new();
-    let gz =
-        std::fs::File::open(fixtures().join("tokenizers/qwen3.6/tokenizer.json.gz")).expect("gz");
-    flate2::read::GzDecoder::new(gz)
-        .read_to_end(&mut json)
-        .expect("gunzip");
-    std::fs::write(out.join("tokenizer.json"), json).expect("write");
-    let tpl = fixtures().join("templates/qwen3.6/chat_template.jinja");
-    std::fs::copy(tpl, out.join("chat_template.jinja")).expect("copy");
-    out
-}
+#[path = "../../brook-core/tests/common/chat_model.rs"]
+mod chat_model;
+use chat_model::chat_model;
 
 struct Pty {
     master: std::fs::File,

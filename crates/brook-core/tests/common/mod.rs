@@ -81,34 +81,11 @@ pub fn argmax(v: &[f32]) -> u32 {
     }
     best as u32
 }
+
 #[path = "rewrite.rs"]
 pub mod rewrite;
 
-/// A small random model with the real Qwen3.6 vocabulary, tokenizer and chat template, as a
-/// container in `dir` (hidden 128, 4 layers, 16 experts).
-pub fn chat_model(dir: &std::path::Path) -> PathBuf {
-    use std::io::Read;
-    let mut cfg = brook_core::synth::preset_config("tiny").expect("preset");
-    let t = &mut cfg["text_config"];
-    t["hidden_size"] = 128.into();
-    t["vocab_size"] = 248320.into();
-    t["eos_token_id"] = 248044.into();
-    t["bos_token_id"] = 248044.into();
-    cfg["eos_token_id"] = serde_json::json!([248046, 248044]);
-    let store = brook_core::synth::SynthStore::from_config("chat", cfg, 4, 11).expect("synth");
-    let out = dir.join("chat-model");
-    brook_core::container::repack::repack(&store.repack_source(), &out, &mut |_| {})
-        .expect("repack");
-    let mut json = Vec::new();
-    flate2::read::GzDecoder::new(
-        std::fs::File::open(fixtures().join("tokenizers/qwen3.6/tokenizer.json.gz"))
-            .expect("tokenizer"),
-    )
-    .read_to_end(&mut json)
-    .expect("gunzip");
-    std::fs::write(out.join("tokenizer.json"), json).expect("write");
-    for f in ["chat_template.jinja", "tokenizer_config.json"] {
-        std::fs::copy(fixtures().join("templates/qwen3.6").join(f), out.join(f)).expect("copy");
-    }
-    out
-}
+#[path = "chat_model.rs"]
+mod chat_model;
+#[allow(unused_imports)] // not every test binary builds the chat model
+pub use chat_model::chat_model;
