@@ -136,20 +136,9 @@ impl std::fmt::Debug for Runner<'_> {
 impl<'m> Runner<'m> {
     pub fn new(model: &'m brook_core::Model, args: &ModelArgs) -> Result<Self> {
         let opts = args.options()?;
-        let cpu = match opts.backend {
-            brook_core::model::open::Backend::Reference => None,
-            brook_core::model::open::Backend::Cpu => {
-                let mut o = brook_core::cpu::CpuOptions {
-                    max_chunk: opts.prefill_chunk,
-                    max_context: opts.context,
-                    precision: opts.precision,
-                    ..Default::default()
-                };
-                if let Some(t) = opts.threads {
-                    o.threads = t.max(1);
-                }
-                Some(brook_core::cpu::CpuModel::new(model, o)?)
-            }
+        let cpu = match opts.cpu_options() {
+            None => None,
+            Some(o) => Some(brook_core::cpu::CpuModel::new(model, o)?),
         };
         Ok(Runner { model, cpu })
     }

@@ -42,6 +42,25 @@ pub struct OpenOptions {
     pub precision: crate::cpu::qmatvec::Precision,
 }
 
+impl OpenOptions {
+    /// Options of the CPU backend for these open options, or `None` for the reference pass.
+    pub fn cpu_options(&self) -> Option<crate::cpu::CpuOptions> {
+        if self.backend == Backend::Reference {
+            return None;
+        }
+        let mut o = crate::cpu::CpuOptions {
+            max_chunk: self.prefill_chunk,
+            max_context: self.context,
+            precision: self.precision,
+            ..Default::default()
+        };
+        if let Some(t) = self.threads {
+            o.threads = t.max(1);
+        }
+        Some(o)
+    }
+}
+
 /// The compute path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Backend {

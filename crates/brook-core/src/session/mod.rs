@@ -126,23 +126,12 @@ impl Llm {
     /// Opens a container or checkpoint folder; tokenizer and template are optional.
     pub fn open(dir: &Path, options: OpenOptions) -> Result<Self> {
         let model = Arc::new(Model::open_with(dir, &options)?);
-        let cpu = match options.backend {
-            crate::model::open::Backend::Reference => None,
-            crate::model::open::Backend::Cpu => {
-                let mut o = crate::cpu::CpuOptions {
-                    max_chunk: options.prefill_chunk,
-                    max_context: options.context,
-                    precision: options.precision,
-                    ..Default::default()
-                };
-                if let Some(t) = options.threads {
-                    o.threads = t.max(1);
-                }
-                Some(std::sync::Mutex::new(crate::cpu::CpuModel::new_shared(
-                    model.clone(),
-                    o,
-                )?))
-            }
+        let cpu = match options.cpu_options() {
+            None => None,
+            Some(o) => Some(std::sync::Mutex::new(crate::cpu::CpuModel::new_shared(
+                model.clone(),
+                o,
+            )?)),
         };
         let tokenizer = Tokenizer::from_dir(dir)?.map(Arc::new);
         let template = ChatTemplate::from_dir(dir)?;
