@@ -85,6 +85,6 @@ fn exit_code(e: &anyhow::Error) -> u8 {
             | E::Checkpoint { .. },
         ) => 3,
         Some(E::Io { .. }) => 4,
-        None => 1,
+        Some(E::Device(_)) | None => 1,
     }
 }

@@ -73,6 +73,10 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
 
+    /// A GPU that is missing, failed, or ran out of memory.
+    #[error("GPU: {0}")]
+    Device(String),
+
     /// Tokenizer, chat template or generation-config trouble.
     #[error(transparent)]
     Text(#[from] crate::text::TextError),

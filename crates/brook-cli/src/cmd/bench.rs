@@ -67,6 +67,33 @@ pub struct Row {
     /// Decode limit from disk and memory bandwidth.
     pub limit_tok_s: f64,
     pub open_s: f64,
+    /// "cpu", "cuda" or "reference".
+    #[serde(default)]
+    pub backend: String,
+    /// GPU figures when a GPU backend ran.
+    #[serde(default)]
+    pub gpu: Option<GpuRow>,
+}
+
+/// A GPU run's figures: decode counters per token and the device's measured bandwidths.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct GpuRow {
+    pub device: String,
+    pub budget_bytes: u64,
+    pub used_bytes: u64,
+    pub slots: usize,
+    pub resident: bool,
+    pub hit_rate: f64,
+    /// Expert bytes copied host → GPU per decoded token.
+    pub bytes_copied_per_token: f64,
+    /// Host waits on the GPU per decoded token.
+    pub syncs_per_token: f64,
+    /// Device copy bandwidth (read + write), GB/s, measured in this run.
+    pub hbm_gb_s: f64,
+    /// Pinned host → device bandwidth, GB/s, measured in this run.
+    pub h2d_gb_s: f64,
+    /// 1 / max(bytes touched / HBM, copied / PCIe, disk reads / disk).
+    pub limit_tok_s: f64,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -133,6 +160,9 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     if let Some(t) = threads {
         cmd.args(["--threads", &t.to_string()]);
     }
+    if let Some(g) = &a.model.gpu_memory_budget {
+        cmd.args(["--gpu-memory-budget", g]);
+    }
     if let Some(n) = a.model.expert_cache {
         cmd.args(["--expert-cache", &n.to_string()]);
     }
@@ -160,10 +190,16 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 }
 
 fn run_one(a: &Args) -> Result<Row> {
+    // The GPU's own bandwidths, before the model takes its memory.
+    let gpu_bw = if a.model.backend == "cuda" {
+        Some(brook_cuda::gpu::Gpu::open(0, None).and_then(|g| brook_cuda::gpu::measure_bandwidth(&g))?)
+    } else {
+        None
+    };
     let t0 = Instant::now();
     let opts = a.model.options()?;
     let path = a.model.path()?;
-    let model = brook_core::Model::open_with(&path, &opts)?;
+    let model = std::sync::Arc::new(brook_core::Model::open_with(&path, &opts)?);
     let open_s = t0.elapsed().as_secs_f64();
     let cfg = model.cfg.clone();
     let threads = a
@@ -217,6 +253,7 @@ fn run_one(a: &Args) -> Result<Row> {
     }
     let mut tg = Vec::new();
     let before = model.experts.stats();
+    let gpu_before = runner.gpu_stats();
     let mut steps = 0u64;
     if a.n_gen > 0 {
         for _ in 0..a.repetitions {
@@ -232,6 +269,7 @@ fn run_one(a: &Args) -> Result<Row> {
             steps += a.n_gen as u64 + 1;
         }
     }
+    let gpu_after = runner.gpu_stats();
     let delta = match (model.experts.stats(), before) {
         (Some(after), Some(before)) => Some(after.since(&before)),
         _ => None,
@@ -256,6 +294,35 @@ fn run_one(a: &Args) -> Result<Row> {
     if disk_bw > 0.0 {
         limit_s = limit_s.max(bytes_read_per_token / disk_bw);
     }
+    let gpu = match (gpu_before, gpu_after, gpu_bw) {
+        (Some(b), Some(g), Some((hbm, h2d))) => {
+            let copied = per_tok(g.bytes_copied - b.bytes_copied);
+            let n = (g.hits - b.hits) + (g.misses - b.misses);
+            let mut lim = touched / (hbm * 1e9).max(1.0);
+            lim = lim.max(copied / (h2d * 1e9).max(1.0));
+            if disk_bw > 0.0 {
+                lim = lim.max(bytes_read_per_token / disk_bw);
+            }
+            Some(GpuRow {
+                device: g.device,
+                budget_bytes: g.budget_bytes,
+                used_bytes: g.used_bytes,
+                slots: g.slots,
+                resident: g.resident,
+                hit_rate: if n == 0 {
+                    1.0
+                } else {
+                    (g.hits - b.hits) as f64 / n as f64
+                },
+                bytes_copied_per_token: copied,
+                syncs_per_token: per_tok(g.syncs - b.syncs),
+                hbm_gb_s: hbm,
+                h2d_gb_s: h2d,
+                limit_tok_s: 1.0 / lim,
+            })
+        }
+        _ => None,
+    };
     Ok(Row {
         model: a
             .model
@@ -288,6 +355,8 @@ fn run_one(a: &Args) -> Result<Row> {
         bytes_touched_per_token: touched,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
         open_s,
+        backend: runner.name().to_string(),
+        gpu,
     })
 }
 
@@ -353,6 +422,36 @@ fn argmax(v: &[f32]) -> u32 {
 }
 
 fn print_tables(rows: &[Row]) {
+    if rows.iter().any(|r| r.gpu.is_some()) {
+        println!(
+            "| model | GPU budget | slots | pp{} t/s | TTFT (s) | tg{} t/s | hit rate | GB copied/token | syncs/token | HBM GB/s | H2D GB/s | limit tok/s | tg / limit |",
+            rows[0].n_prompt, rows[0].n_gen
+        );
+        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        for r in rows {
+            if let Some(g) = &r.gpu {
+                println!(
+                    "| {} | {} | {}{} | {:.1} | {:.3} | {:.1} ± {:.1} | {:.1}% | {:.3} | {:.1} | {:.0} | {:.1} | {:.0} | {:.0}% |",
+                    r.model,
+                    fmt_bytes(g.budget_bytes),
+                    g.slots,
+                    if g.resident { " (all)" } else { "" },
+                    r.pp_tok_s,
+                    r.ttft_s,
+                    r.tg_tok_s,
+                    r.tg_tok_s_sd,
+                    g.hit_rate * 100.0,
+                    g.bytes_copied_per_token / 1e9,
+                    g.syncs_per_token,
+                    g.hbm_gb_s,
+                    g.h2d_gb_s,
+                    g.limit_tok_s,
+                    r.tg_tok_s / g.limit_tok_s.max(1e-9) * 100.0
+                );
+            }
+        }
+        println!();
+    }
     println!("| model | size | budget | threads | slots | test | t/s |");
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {

@@ -67,9 +67,10 @@ pub fn run(a: Args) -> Result<()> {
         context: 4096,
         prefetch: false,
         backend: "cpu".into(),
+        gpu_memory_budget: None,
         threads: a.threads.into_iter().collect(),
     };
-    let model = brook_core::Model::open_with(&dir, &args.options()?)?;
+    let model = std::sync::Arc::new(brook_core::Model::open_with(&dir, &args.options()?)?);
     let mut runner = super::Runner::new(&model, &args)?;
     println!(
         "{} (random weights, real shapes) streaming under {}: {} expert slots of {}",

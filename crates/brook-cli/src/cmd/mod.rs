@@ -76,6 +76,10 @@ pub struct ModelArgs {
     /// Compute backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]
     pub backend: String,
+    /// Ceiling on GPU memory for --backend cuda, e.g. 4GiB (default: what the GPU has free).
+    /// Experts that do not fit stream from host memory and disk.
+    #[arg(long, value_name = "SIZE")]
+    pub gpu_memory_budget: Option<String>,
     /// Compute threads (default: all cores). `bench` takes a list, e.g. 1,2, and sweeps it.
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
@@ -84,25 +88,35 @@ pub struct ModelArgs {
 impl ModelArgs {
     /// Library open options from the flags.
     pub fn options(&self) -> Result<brook_core::model::open::OpenOptions> {
-        if self.backend == "cuda" {
-            return Err(Error::Invalid(
-                "--backend cuda: this build has no CUDA backend yet; use --backend cpu".into(),
-            )
-            .into());
-        }
+        use brook_core::model::open::Backend;
         let backend = match self.backend.as_str() {
-            "reference" => brook_core::model::open::Backend::Reference,
-            _ => brook_core::model::open::Backend::Cpu,
+            "reference" => Backend::Reference,
+            "cuda" => Backend::Cuda,
+            _ => Backend::Cpu,
         };
+        let parse = |s: &Option<String>| {
+            s.as_deref()
+                .map(brook_core::experts::budget::parse_size)
+                .transpose()
+        };
+        let cuda = backend == Backend::Cuda;
         Ok(brook_core::model::open::OpenOptions {
             backend,
+            gpu_memory_budget: parse(&self.gpu_memory_budget)?,
+            engine: cuda.then(brook_cuda::engine_maker),
+            // The GPU holds the experts it computes: the host keeps a small cache to stage
+            // them unless told otherwise.
+            expert_cache: match (self.expert_cache, cuda && self.memory_budget.is_none()) {
+                (Some(n), _) => Some(n),
+                (None, true) => Some(CUDA_HOST_SLOTS),
+                (None, false) => None,
+            },
             threads: self.threads.first().copied(),
             memory_budget: self
                 .memory_budget
                 .as_deref()
                 .map(brook_core::experts::budget::parse_size)
                 .transpose()?,
-            expert_cache: self.expert_cache,
             context: self.context,
             prefetch: self.prefetch,
             ..Default::default()
@@ -115,38 +129,55 @@ impl ModelArgs {
     }
 
     /// Opens the model.
-    pub fn open(&self) -> Result<brook_core::Model> {
+    pub fn open(&self) -> Result<std::sync::Arc<brook_core::Model>> {
         let path = self.path()?;
-        Ok(brook_core::Model::open_with(&path, &self.options()?)?)
+        Ok(std::sync::Arc::new(brook_core::Model::open_with(
+            &path,
+            &self.options()?,
+        )?))
     }
 }
 
+/// Host expert slots staging copies to the GPU when --backend cuda runs without a host
+/// budget: enough for a full layer of the largest supported models.
+const CUDA_HOST_SLOTS: usize = 512;
+
 /// Runs forward passes with the compute path the flags chose.
-pub struct Runner<'m> {
-    model: &'m brook_core::Model,
-    cpu: Option<brook_core::cpu::CpuModel<'m>>,
+pub struct Runner {
+    model: std::sync::Arc<brook_core::Model>,
+    engine: Option<Box<dyn brook_core::model::engine::Engine>>,
 }
 
-impl std::fmt::Debug for Runner<'_> {
+impl std::fmt::Debug for Runner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("Runner")
     }
 }
 
-impl<'m> Runner<'m> {
-    pub fn new(model: &'m brook_core::Model, args: &ModelArgs) -> Result<Self> {
+impl Runner {
+    pub fn new(model: &std::sync::Arc<brook_core::Model>, args: &ModelArgs) -> Result<Self> {
         let opts = args.options()?;
-        let cpu = match opts.cpu_options() {
-            None => None,
-            Some(o) => Some(brook_core::cpu::CpuModel::new(model, o)?),
-        };
-        Ok(Runner { model, cpu })
+        let engine = brook_core::session::make_engine(model, &args.path()?, &opts)?;
+        Ok(Runner {
+            model: model.clone(),
+            engine,
+        })
+    }
+
+    /// The GPU engine's counters, if a GPU runs.
+    pub fn gpu_stats(&self) -> Option<brook_core::model::engine::GpuStats> {
+        self.engine.as_ref().and_then(|e| e.gpu_stats())
+    }
+
+    /// The engine's name ("cpu", "cuda") or "reference".
+    pub fn name(&self) -> &'static str {
+        self.engine.as_ref().map_or("reference", |e| e.name())
     }
 
     /// A fresh state (with KV room for the context when the CPU backend runs).
     pub fn new_state(&self, context: usize) -> brook_core::model::state::SeqState {
-        match &self.cpu {
-            Some(c) => c.new_state(context),
+        match &self.engine {
+            Some(e) => e.new_state(&self.model, context),
             None => self.model.new_state(),
         }
     }
@@ -157,8 +188,8 @@ impl<'m> Runner<'m> {
         tokens: &[u32],
         want: brook_core::Logits,
     ) -> Result<Vec<f32>> {
-        match &mut self.cpu {
-            Some(c) => Ok(c.forward(state, tokens, want)?.to_vec()),
+        match &mut self.engine {
+            Some(e) => Ok(e.forward(state, tokens, want)?.to_vec()),
             None => Ok(self.model.forward(state, tokens, want, None)?),
         }
     }

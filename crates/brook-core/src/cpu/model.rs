@@ -215,6 +215,7 @@ impl<'m> CpuModel<'m> {
                 "token id {bad} is out of range for a vocabulary of {v}"
             )));
         }
+        state.sync_host()?;
         self.check_state(state)?;
         let n_logits = match want {
             Logits::All => tokens.len() * v,

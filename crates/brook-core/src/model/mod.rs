@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod delta_net;
+pub mod engine;
 pub mod moe;
 pub mod open;
 pub mod ops;
@@ -132,6 +133,7 @@ impl Model {
         want: Logits,
         mut trace: Option<&mut dyn FnMut(Stage<'_>)>,
     ) -> Result<Vec<f32>> {
+        state.sync_host()?;
         let chunk = self.prefill_chunk.max(1);
         if tokens.len() <= chunk {
             return self.forward_chunk(state, tokens, want, trace);

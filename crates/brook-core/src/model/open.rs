@@ -40,12 +40,17 @@ pub struct OpenOptions {
     pub threads: Option<usize>,
     /// Activation arithmetic of the CPU backend.
     pub precision: crate::cpu::qmatvec::Precision,
+    /// Ceiling on GPU memory for a GPU backend (weights, expert slots, state and scratch);
+    /// `None` uses what the device has free. Separate from `memory_budget`, which is host RAM.
+    pub gpu_memory_budget: Option<u64>,
+    /// Builds the engine of a backend brook-core does not contain ([`Backend::Cuda`]).
+    pub engine: Option<crate::model::engine::EngineMaker>,
 }
 
 impl OpenOptions {
-    /// Options of the CPU backend for these open options, or `None` for the reference pass.
+    /// Options of the CPU backend for these open options, or `None` for another backend.
     pub fn cpu_options(&self) -> Option<crate::cpu::CpuOptions> {
-        if self.backend == Backend::Reference {
+        if self.backend != Backend::Cpu {
             return None;
         }
         let mut o = crate::cpu::CpuOptions {
@@ -69,6 +74,8 @@ pub enum Backend {
     Cpu,
     /// The plain f32 reference pass, the oracle the others are tested against.
     Reference,
+    /// The CUDA backend (crate brook-cuda), given through [`OpenOptions::engine`].
+    Cuda,
 }
 
 impl Default for OpenOptions {
@@ -83,6 +90,8 @@ impl Default for OpenOptions {
             backend: Backend::Cpu,
             threads: None,
             precision: Default::default(),
+            gpu_memory_budget: None,
+            engine: None,
         }
     }
 }

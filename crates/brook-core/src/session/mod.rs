@@ -16,7 +16,8 @@ use crate::error::{Error, Result};
 mod persist;
 use crate::model::Logits;
 use crate::model::Model;
-use crate::model::open::OpenOptions;
+use crate::model::engine::Engine;
+use crate::model::open::{Backend, OpenOptions};
 use crate::model::state::SeqState;
 use crate::text::{
     ChatTemplate, GenerationConfig, Message, Sampler, SamplingParams, StopReason, StreamEvent,
@@ -27,8 +28,9 @@ use crate::text::{
 #[derive(Debug)]
 pub struct Llm {
     pub model: Arc<Model>,
-    /// The fast CPU pass over `model`, unless the reference backend was chosen.
-    cpu: Option<std::sync::Mutex<crate::cpu::CpuModel<'static>>>,
+    /// The forward pass over `model` (CPU kernels or a GPU), unless the reference backend
+    /// was chosen.
+    engine: Option<std::sync::Mutex<Box<dyn Engine>>>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub template: Option<ChatTemplate>,
     pub generation: GenerationConfig,
@@ -126,13 +128,7 @@ impl Llm {
     /// Opens a container or checkpoint folder; tokenizer and template are optional.
     pub fn open(dir: &Path, options: OpenOptions) -> Result<Self> {
         let model = Arc::new(Model::open_with(dir, &options)?);
-        let cpu = match options.cpu_options() {
-            None => None,
-            Some(o) => Some(std::sync::Mutex::new(crate::cpu::CpuModel::new_shared(
-                model.clone(),
-                o,
-            )?)),
-        };
+        let engine = make_engine(&model, dir, &options)?.map(std::sync::Mutex::new);
         let tokenizer = Tokenizer::from_dir(dir)?.map(Arc::new);
         let template = ChatTemplate::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
@@ -143,7 +139,7 @@ impl Llm {
         let stop_ids = generation.stop_ids(&model.cfg.eos_token_ids, tok_eos);
         Ok(Llm {
             model,
-            cpu,
+            engine,
             tokenizer,
             template,
             generation,
@@ -156,10 +152,10 @@ impl Llm {
     /// Feeds `tokens` into `state` with the configured backend and returns the logits asked
     /// for.
     pub fn forward(&self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        match &self.cpu {
-            Some(cpu) => {
-                let mut cpu = cpu.lock().unwrap_or_else(|p| p.into_inner());
-                Ok(cpu.forward(state, tokens, want)?.to_vec())
+        match &self.engine {
+            Some(engine) => {
+                let mut engine = engine.lock().unwrap_or_else(|p| p.into_inner());
+                Ok(engine.forward(state, tokens, want)?.to_vec())
             }
             None => self.model.forward(state, tokens, want, None),
         }
@@ -535,4 +531,29 @@ fn emit(ev: StreamEvent, out: &mut Completion, on_event: &mut dyn FnMut(Event)) 
         StreamEvent::Stopped(StopReason::StopString(_) | StopReason::StopToken(_)) => return true,
     }
     false
+}
+
+/// The engine `options` choose for `model`: the CPU kernels, a plugged-in backend, or none
+/// (the reference pass).
+pub fn make_engine(
+    model: &Arc<Model>,
+    dir: &Path,
+    options: &OpenOptions,
+) -> Result<Option<Box<dyn Engine>>> {
+    match options.backend {
+        Backend::Reference => Ok(None),
+        Backend::Cpu => {
+            let o = options.cpu_options().unwrap_or_default();
+            Ok(Some(Box::new(crate::cpu::CpuModel::new_shared(
+                model.clone(),
+                o,
+            )?)))
+        }
+        Backend::Cuda => match &options.engine {
+            Some(make) => Ok(Some((make.0)(model.clone(), dir, options)?)),
+            None => Err(Error::Device(
+                "this program was built without the CUDA backend; use --backend cpu".into(),
+            )),
+        },
+    }
 }

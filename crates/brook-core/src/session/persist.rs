@@ -36,9 +36,9 @@ impl Session {
                 }
             }
         };
-        push_state("", &self.state);
+        push_state("", &self.state.host_copy()?);
         if let Some(snap) = &self.snapshot {
-            push_state("snapshot.", &snap.state);
+            push_state("snapshot.", &snap.state.host_copy()?);
         }
         let tokens: Vec<u8> = self.fed.iter().flat_map(|t| t.to_le_bytes()).collect();
         let mut outs: Vec<TensorOut<'_>> = owned

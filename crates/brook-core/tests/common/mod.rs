@@ -18,8 +18,13 @@ pub const MODELS: [&str; 8] = [
     "qwen35-mixed",
 ];
 
+/// The fixtures folder: `BROOK_FIXTURES` when set (test binaries run on another machine, as
+/// scripts/gpu-check.sh does), else the repository's.
 pub fn fixtures() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures")
+    match std::env::var_os("BROOK_FIXTURES") {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures"),
+    }
 }
 
 pub fn fixture(name: &str) -> PathBuf {

@@ -1,0 +1,525 @@
+//! The device: driver and NVRTC loaded at run time, one context and stream, the kernels
+//! compiled for the device found (cached on disk), device and pinned host buffers that free
+//! themselves, and kernel launches with their arguments.
+//!
+//! Everything here goes through cudarc's thin `result`/`sys` layer: brook keeps its own
+//! device pointers (the expert slot table holds raw addresses), so the safe layer's
+//! per-allocation stream tracking would only add work to every launch.
+
+use std::ffi::{CString, c_void};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use brook_core::{Error, Result};
+use cudarc::driver::{result, sys};
+
+/// The CUDA C source of every kernel.
+pub const SOURCE: &str = include_str!("kernels.cu");
+
+/// A GPU error as a brook error, naming what was being done.
+pub fn err(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::Device(format!("{what}: {e}"))
+}
+
+/// Is a CUDA driver and NVRTC loadable here? Never panics.
+pub fn libraries_present() -> std::result::Result<(), String> {
+    // SAFETY: these only try to dlopen the libraries and report whether that worked.
+    let driver = unsafe { sys::is_culib_present() };
+    if !driver {
+        return Err("no CUDA driver found (libcuda.so); install the NVIDIA driver or use --backend cpu".into());
+    }
+    // SAFETY: as above.
+    let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
+    if !nvrtc {
+        return Err("the CUDA driver is present but NVRTC (libnvrtc.so) is not; install the CUDA toolkit's NVRTC or use --backend cpu".into());
+    }
+    Ok(())
+}
+
+/// The kernels of [`SOURCE`], looked up once.
+#[derive(Debug)]
+pub struct Kernels {
+    pub qmv: sys::CUfunction,
+    pub qmm: sys::CUfunction,
+    pub swiglu: sys::CUfunction,
+    pub embed: sys::CUfunction,
+    pub add_rms_norm: sys::CUfunction,
+    pub topk: sys::CUfunction,
+    pub moe_count: sys::CUfunction,
+    pub moe_offsets: sys::CUfunction,
+    pub moe_fill: sys::CUfunction,
+    pub moe_combine: sys::CUfunction,
+    pub conv_silu: sys::CUfunction,
+    pub delta_prep: sys::CUfunction,
+    pub delta_rule_32: sys::CUfunction,
+    pub delta_rule_64: sys::CUfunction,
+    pub delta_rule_128: sys::CUfunction,
+    pub delta_rule_any: sys::CUfunction,
+    pub gated_norm: sys::CUfunction,
+    pub attn_prep: sys::CUfunction,
+    pub attention: sys::CUfunction,
+}
+
+/// One device with its context, stream, compiled kernels and a running count of device
+/// memory held (checked against the budget on every allocation).
+#[derive(Debug)]
+pub struct Gpu {
+    ctx: sys::CUcontext,
+    dev: sys::CUdevice,
+    pub stream: sys::CUstream,
+    pub k: Kernels,
+    pub name: String,
+    pub cc: (i32, i32),
+    pub sms: i32,
+    pub budget: u64,
+    used: AtomicU64,
+    module: sys::CUmodule,
+    /// Seconds NVRTC took (0 when the disk cache had the kernels).
+    pub compile_s: f64,
+}
+
+// SAFETY: the context, stream and module handles are plain driver handles, valid from any
+// thread once the context is made current there (every entry point does so).
+unsafe impl Send for Gpu {}
+// SAFETY: as above; mutation happens through the driver, which is thread-safe.
+unsafe impl Sync for Gpu {}
+
+impl Gpu {
+    /// Opens device `ordinal`, compiles (or loads from the disk cache) the kernels and
+    /// creates the stream. `budget` caps device memory; `None` allows what is free now.
+    pub fn open(ordinal: usize, budget: Option<u64>) -> Result<Arc<Gpu>> {
+        libraries_present().map_err(Error::Device)?;
+        result::init().map_err(|e| err("initialising the CUDA driver", e))?;
+        let count = result::device::get_count().map_err(|e| err("counting GPUs", e))?;
+        if count <= ordinal as i32 {
+            return Err(Error::Device(format!(
+                "no CUDA GPU {ordinal} (found {count}); use --backend cpu"
+            )));
+        }
+        let dev = result::device::get(ordinal as i32).map_err(|e| err("opening the GPU", e))?;
+        // SAFETY: dev is a valid device handle; the primary context is released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(|e| err("creating a CUDA context", e))?;
+        // SAFETY: ctx was just retained.
+        unsafe { result::ctx::set_current(ctx) }.map_err(|e| err("binding the context", e))?;
+        let name = result::device::get_name(dev).unwrap_or_else(|_| "CUDA GPU".into());
+        let attr = |a| {
+            // SAFETY: a valid device and attribute enum.
+            unsafe { result::device::get_attribute(dev, a) }.map_err(|e| err("device query", e))
+        };
+        let cc = (
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        let sms = attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let (free, _total) = result::mem_get_info().map_err(|e| err("reading free memory", e))?;
+        let budget = budget.unwrap_or(free as u64);
+        let t = std::time::Instant::now();
+        let (ptx, compiled) = ptx_for(&name, cc)?;
+        let compile_s = if compiled {
+            t.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
+        let ptx_c = CString::new(ptx).map_err(|e| err("kernel image", e))?;
+        // SAFETY: a NUL-terminated PTX image; the module is unloaded in Drop.
+        let module = unsafe { result::module::load_data(ptx_c.as_ptr() as *const c_void) }
+            .map_err(|e| err("loading the kernels", e))?;
+        let f = |n: &str| -> Result<sys::CUfunction> {
+            let cn = CString::new(n).map_err(|e| err("kernel name", e))?;
+            // SAFETY: module is loaded; the name is NUL-terminated.
+            unsafe { result::module::get_function(module, cn) }
+                .map_err(|e| err(&format!("finding kernel {n}"), e))
+        };
+        let k = Kernels {
+            qmv: f("qmv")?,
+            qmm: f("qmm")?,
+            swiglu: f("swiglu")?,
+            embed: f("embed")?,
+            add_rms_norm: f("add_rms_norm")?,
+            topk: f("topk")?,
+            moe_count: f("moe_count")?,
+            moe_offsets: f("moe_offsets")?,
+            moe_fill: f("moe_fill")?,
+            moe_combine: f("moe_combine")?,
+            conv_silu: f("conv_silu")?,
+            delta_prep: f("delta_prep")?,
+            delta_rule_32: f("delta_rule_32")?,
+            delta_rule_64: f("delta_rule_64")?,
+            delta_rule_128: f("delta_rule_128")?,
+            delta_rule_any: f("delta_rule_any")?,
+            gated_norm: f("gated_norm")?,
+            attn_prep: f("attn_prep")?,
+            attention: f("attention")?,
+        };
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(|e| err("creating a stream", e))?;
+        Ok(Arc::new(Gpu {
+            ctx,
+            dev,
+            stream,
+            k,
+            name,
+            cc,
+            sms,
+            budget,
+            used: AtomicU64::new(0),
+            module,
+            compile_s,
+        }))
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<()> {
+        // SAFETY: ctx stays retained while self lives.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| err("binding the context", e))
+    }
+
+    /// Device memory held through this handle.
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Relaxed)
+    }
+
+    /// Allocates `bytes` of device memory, refusing past the budget.
+    pub fn alloc(self: &Arc<Self>, bytes: usize, what: &str) -> Result<DevBuf> {
+        let bytes = bytes.max(4);
+        let now = self.used.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+        if now > self.budget {
+            self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
+            return Err(Error::Device(format!(
+                "GPU memory budget {} is too small: {what} needs {} more ({} held); raise --gpu-memory-budget",
+                fmt_gib(self.budget),
+                fmt_gib(bytes as u64),
+                fmt_gib(now - bytes as u64)
+            )));
+        }
+        // SAFETY: the context is current on this thread (callers bind first).
+        match unsafe { result::malloc_sync(bytes) } {
+            Ok(ptr) => Ok(DevBuf {
+                gpu: self.clone(),
+                ptr,
+                bytes,
+            }),
+            Err(e) => {
+                self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
+                Err(err(&format!("allocating {} for {what}", fmt_gib(bytes as u64)), e))
+            }
+        }
+    }
+
+    /// Device buffer holding `data`.
+    pub fn upload<T: Copy>(self: &Arc<Self>, data: &[T], what: &str) -> Result<DevBuf> {
+        let b = self.alloc(std::mem::size_of_val(data), what)?;
+        b.write(data)?;
+        Ok(b)
+    }
+
+    /// A zeroed device buffer.
+    pub fn zeros(self: &Arc<Self>, bytes: usize, what: &str) -> Result<DevBuf> {
+        let b = self.alloc(bytes, what)?;
+        b.zero()?;
+        Ok(b)
+    }
+
+    /// Waits for all work queued on the stream.
+    pub fn sync(&self) -> Result<()> {
+        // SAFETY: a live stream.
+        unsafe { result::stream::synchronize(self.stream) }.map_err(|e| err("running kernels", e))
+    }
+
+    /// Launches `f` on the stream.
+    pub fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        smem: u32,
+        args: &mut Args,
+    ) -> Result<()> {
+        let mut ptrs = [std::ptr::null_mut::<c_void>(); MAX_ARGS];
+        for (i, p) in ptrs.iter_mut().enumerate().take(args.n) {
+            *p = args.store[i].as_mut_ptr() as *mut c_void;
+        }
+        // SAFETY: f is a kernel of our module; every argument was pushed in the order and
+        // with the type the kernel declares (kernels.cu), and lives in `args` for the call.
+        unsafe { result::launch_kernel(f, grid, (block, 1, 1), smem, self.stream, &mut ptrs[..args.n]) }
+            .map_err(|e| err("launching a kernel", e))
+    }
+
+    /// Copies `bytes` from host memory into device memory asynchronously. The host memory
+    /// must stay untouched until the stream passes this point (pinned memory for overlap).
+    ///
+    /// # Safety
+    /// `src` must be valid for `bytes` until the copy has run; `dst` must be device memory of
+    /// at least `bytes`.
+    pub unsafe fn copy_in_async(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        // SAFETY: by the caller's contract.
+        unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) }
+            .result()
+            .map_err(|e| err("copying to the GPU", e))
+    }
+
+    /// Copies device memory to the host, waiting for the stream first.
+    pub fn copy_out<T: Copy>(&self, src: u64, dst: &mut [T]) -> Result<()> {
+        // SAFETY: dst is a valid host slice; src holds at least that many bytes (callers).
+        unsafe {
+            sys::cuMemcpyDtoHAsync_v2(
+                dst.as_mut_ptr() as *mut c_void,
+                src,
+                std::mem::size_of_val(dst),
+                self.stream,
+            )
+        }
+        .result()
+        .map_err(|e| err("copying from the GPU", e))?;
+        self.sync()
+    }
+
+    /// Device-to-device copy on the stream.
+    pub fn copy_dd(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: both are device allocations of at least `bytes` (callers).
+        unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
+            .map_err(|e| err("copying on the GPU", e))
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: handles created in open, destroyed once; errors at teardown are ignored.
+        unsafe {
+            let _ = result::ctx::set_current(self.ctx);
+            let _ = result::stream::synchronize(self.stream);
+            let _ = result::stream::destroy(self.stream);
+            let _ = result::module::unload(self.module);
+            let _ = result::primary_ctx::release(self.dev);
+        }
+    }
+}
+
+/// Device memory that frees itself.
+#[derive(Debug)]
+pub struct DevBuf {
+    gpu: Arc<Gpu>,
+    pub ptr: u64,
+    pub bytes: usize,
+}
+
+impl DevBuf {
+    /// Writes `data` at the start (synchronously with respect to the host).
+    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
+        self.write_at(0, data)
+    }
+
+    /// Writes `data` at byte `offset`, waiting for the stream first so earlier kernels that
+    /// read this buffer are done.
+    pub fn write_at<T: Copy>(&self, offset: usize, data: &[T]) -> Result<()> {
+        let n = std::mem::size_of_val(data);
+        if offset + n > self.bytes {
+            return Err(Error::Device(format!(
+                "write of {n} bytes at {offset} past a {}-byte buffer",
+                self.bytes
+            )));
+        }
+        self.gpu.sync()?;
+        // SAFETY: in bounds (checked); synchronous copy from a live host slice.
+        unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr() as *const c_void, n) }
+            .result()
+            .map_err(|e| err("copying to the GPU", e))
+    }
+
+    /// Zeroes the buffer (queued on the stream).
+    pub fn zero(&self) -> Result<()> {
+        // SAFETY: the buffer's own extent.
+        unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, self.gpu.stream) }
+            .map_err(|e| err("clearing GPU memory", e))
+    }
+
+    /// Reads the whole buffer as `T`s.
+    pub fn read<T: Copy + Default>(&self) -> Result<Vec<T>> {
+        let mut v = vec![T::default(); self.bytes / std::mem::size_of::<T>()];
+        self.gpu.copy_out(self.ptr, &mut v)?;
+        Ok(v)
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_sync and freed once; pending work on it is waited for.
+        unsafe {
+            let _ = result::ctx::set_current(self.gpu.ctx);
+            let _ = result::stream::synchronize(self.gpu.stream);
+            let _ = result::free_sync(self.ptr);
+        }
+        self.gpu.used.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+    }
+}
+
+/// Page-locked host memory, so copies to the GPU run asynchronously at full PCIe speed.
+#[derive(Debug)]
+pub struct Pinned {
+    gpu: Arc<Gpu>,
+    ptr: *mut u8,
+    pub bytes: usize,
+}
+
+// SAFETY: plain host memory owned by this value.
+unsafe impl Send for Pinned {}
+// SAFETY: as above; shared access is read-only.
+unsafe impl Sync for Pinned {}
+
+impl Pinned {
+    pub fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<Pinned> {
+        gpu.bind()?;
+        // SAFETY: a plain page-locked allocation, freed in Drop.
+        let ptr = unsafe { result::malloc_host(bytes.max(64), 0) }
+            .map_err(|e| err("allocating pinned host memory", e))? as *mut u8;
+        Ok(Pinned {
+            gpu: gpu.clone(),
+            ptr,
+            bytes,
+        })
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: ptr holds `bytes` bytes owned by self.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, exclusively borrowed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
+    }
+
+    pub fn ptr(&self) -> *const u8 {
+        self.ptr
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by malloc_host; copies from it are waited for first.
+        unsafe {
+            let _ = result::ctx::set_current(self.gpu.ctx);
+            let _ = result::stream::synchronize(self.gpu.stream);
+            let _ = result::free_host(self.ptr as *mut c_void);
+        }
+    }
+}
+
+const MAX_ARGS: usize = 24;
+
+/// Kernel arguments by value (each up to 64 bytes), in declaration order.
+#[derive(Debug)]
+pub struct Args {
+    store: [[u64; 8]; MAX_ARGS],
+    n: usize,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            store: [[0; 8]; MAX_ARGS],
+            n: 0,
+        }
+    }
+}
+
+/// Types that may be passed to a kernel by value.
+pub trait KernelArg: Copy {}
+impl KernelArg for i32 {}
+impl KernelArg for u32 {}
+impl KernelArg for f32 {}
+impl KernelArg for u64 {}
+impl KernelArg for crate::weights::Mat {}
+
+impl Args {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Appends one argument.
+    pub fn arg<T: KernelArg>(&mut self, v: T) -> &mut Self {
+        assert!(std::mem::size_of::<T>() <= 64 && self.n < MAX_ARGS);
+        // SAFETY: T is plain data no larger than the 64-byte, 8-aligned slot.
+        unsafe {
+            std::ptr::write(self.store[self.n].as_mut_ptr() as *mut T, v);
+        }
+        self.n += 1;
+        self
+    }
+}
+
+pub fn fmt_gib(b: u64) -> String {
+    brook_core::experts::budget::fmt_bytes(b)
+}
+
+/// The PTX of [`SOURCE`] for this device: from the disk cache (keyed by device name,
+/// compute capability, source and NVRTC version), else compiled now and stored. The bool
+/// says whether NVRTC ran.
+fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
+    let arch = format!("sm_{}{}{}", cc.0, cc.1, if cc.0 == 9 { "a" } else { "" });
+    let nvrtc = {
+        let (mut major, mut minor) = (0, 0);
+        // SAFETY: NVRTC is loaded (checked by libraries_present); two out-parameters.
+        let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+        (major, minor)
+    };
+    let key = xxhash_rust::xxh3::xxh3_64(
+        format!("{name}\n{arch}\n{nvrtc:?}\n{SOURCE}").as_bytes(),
+    );
+    let dir = cache_dir();
+    let file = dir.as_ref().map(|d| d.join(format!("kernels-{key:016x}.ptx")));
+    if let Some(f) = &file {
+        if let Ok(ptx) = std::fs::read_to_string(f) {
+            return Ok((ptx, false));
+        }
+    }
+    let arch_static: &'static str = Box::leak(arch.clone().into_boxed_str());
+    let opts = cudarc::nvrtc::CompileOptions {
+        arch: Some(arch_static),
+        options: vec!["--std=c++17".into()],
+        ..Default::default()
+    };
+    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
+        .map_err(|e| err(&format!("compiling the kernels for {arch} with NVRTC"), e))?
+        .to_src();
+    if let (Some(d), Some(f)) = (dir, file) {
+        // A cache that cannot be written only costs the next start a compile.
+        let tmp = d.join(format!(".kernels-{key:016x}.{}.tmp", std::process::id()));
+        if std::fs::create_dir_all(&d).is_ok() && std::fs::write(&tmp, &ptx).is_ok() {
+            let _ = std::fs::rename(&tmp, &f);
+        }
+    }
+    Ok((ptx, true))
+}
+
+/// `BROOK_HOME/cuda` (or the default store's).
+fn cache_dir() -> Option<PathBuf> {
+    brook_core::store::Store::from_env()
+        .ok()
+        .map(|s| s.root().join("cuda"))
+}
+
+/// Device copy bandwidth (bytes read plus written) and pinned host-to-device bandwidth,
+/// GB/s: the best of a few 512 MiB copies each.
+pub fn measure_bandwidth(gpu: &Arc<Gpu>) -> Result<(f64, f64)> {
+    const N: usize = 512 << 20;
+    let a = gpu.zeros(N, "bandwidth test")?;
+    let b = gpu.zeros(N, "bandwidth test")?;
+    let host = Pinned::new(gpu, N)?;
+    gpu.sync()?;
+    let (mut dd, mut hd) = (0.0f64, 0.0f64);
+    for _ in 0..5 {
+        let t = std::time::Instant::now();
+        gpu.copy_dd(b.ptr, a.ptr, N)?;
+        gpu.sync()?;
+        dd = dd.max(2.0 * N as f64 / t.elapsed().as_secs_f64() / 1e9);
+        let t = std::time::Instant::now();
+        // SAFETY: pinned buffer of N bytes, waited for below.
+        unsafe { gpu.copy_in_async(a.ptr, host.ptr(), N)? };
+        gpu.sync()?;
+        hd = hd.max(N as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    Ok((dd, hd))
+}

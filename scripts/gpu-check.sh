@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# The CUDA backend's tests and benchmarks in one call, on a machine with an NVIDIA GPU and
+# no Rust toolchain. Build the binaries on any x86-64 Linux machine with Rust first:
+#
+#   scripts/gpu-check.sh build          # writes dist/gpu/brook and dist/gpu/gpu-tests
+#
+# then copy the repository (with dist/gpu) to the GPU machine and, from its root, run
+#
+#   scripts/gpu-check.sh run [WORKDIR] [MODELS]
+#
+# which runs the GPU tests against the fixtures, synthesizes each model of MODELS (default
+# "qwen3.6-35b-a3b qwen3-next-80b-a3b") as a container in WORKDIR (default /tmp/brook-gpu;
+# needs about 45 GB free for the 80B, one model at a time), benchmarks it with every
+# expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
+# prints a table per model. Set BENCH_ARGS to change the bench flags (default -p 512 -n 64 -r 2).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+case "${1:-}" in
+build)
+    cargo build --release -p brook-cli
+    exe=$(cargo test --release -p brook-cuda --test gpu --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json,sys
+for l in sys.stdin:
+    m=json.loads(l)
+    if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="gpu": print(m["executable"])' | tail -1)
+    mkdir -p dist/gpu
+    cp target/release/brook dist/gpu/brook
+    cp "$exe" dist/gpu/gpu-tests
+    strip dist/gpu/brook dist/gpu/gpu-tests 2>/dev/null || true
+    echo "built dist/gpu/brook and dist/gpu/gpu-tests"
+    ;;
+run)
+    work=${2:-/tmp/brook-gpu}
+    models=${3:-qwen3.6-35b-a3b qwen3-next-80b-a3b}
+    bench_args=${BENCH_ARGS:--p 512 -n 64 -r 2}
+    mkdir -p "$work"
+    export BROOK_HOME="$work/home" BROOK_FIXTURES="$PWD/tests/fixtures"
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+    echo "== GPU tests"
+    dist/gpu/gpu-tests --test-threads 1 2>&1 | grep -E "^test |rel err|vs mlx|result|panicked|skipping" || true
+    for m in $models; do
+        rm -rf "$work/model"
+        echo "== synth $m"
+        dist/gpu/brook synth --preset "$m" --out "$work/model" --container >/dev/null
+        rows="$work/$m.jsonl"
+        : >"$rows"
+        for budget in "" 8GiB 4GiB 2GiB; do
+            flags=()
+            [ -n "$budget" ] && flags=(--gpu-memory-budget "$budget")
+            echo "== bench $m ${budget:-resident}"
+            # shellcheck disable=SC2086
+            dist/gpu/brook bench --model "$work/model" --backend cuda "${flags[@]}" \
+                $bench_args --json >>"$rows" || echo "bench failed for budget ${budget:-resident}"
+        done
+        python3 - "$rows" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print("| model | GPU budget | slots | pp t/s | TTFT s | tg t/s | hit | GB copied/tok | syncs/tok | HBM GB/s | H2D GB/s | disk GB/s | limit tok/s | tg/limit | host RSS GB |")
+print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+for r in rows:
+    g = r.get("gpu") or {}
+    lim = g.get("limit_tok_s", 0) or 1e-9
+    print(f'| {r["model"]} | {g.get("budget_bytes",0)/2**30:.1f} GiB | {g.get("slots")}{" (all)" if g.get("resident") else ""} | {r["pp_tok_s"]:.1f} | {r["ttft_s"]:.3f} | {r["tg_tok_s"]:.1f} | {100*g.get("hit_rate",0):.1f}% | {g.get("bytes_copied_per_token",0)/1e9:.3f} | {g.get("syncs_per_token",0):.1f} | {g.get("hbm_gb_s",0):.0f} | {g.get("h2d_gb_s",0):.1f} | {r["disk_bw_gb_s"]:.2f} | {lim:.1f} | {100*r["tg_tok_s"]/lim:.0f}% | {r["peak_rss_bytes"]/1e9:.2f} |')
+PY
+        [ -n "${RESULTS_DIR:-}" ] && cp "$rows" "$RESULTS_DIR/"
+    done
+    ;;
+*)
+    echo "usage: scripts/gpu-check.sh build | run [WORKDIR] [MODELS]" >&2
+    exit 2
+    ;;
+esac
