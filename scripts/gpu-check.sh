@@ -12,7 +12,8 @@
 # "qwen3.6-35b-a3b qwen3-next-80b-a3b") as a container in WORKDIR (default /tmp/brook-gpu;
 # needs about 45 GB free for the 80B, one model at a time), benchmarks it with every
 # expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
-# prints a table per model. Set BENCH_ARGS to change the bench flags (default -p 512 -n 64 -r 2).
+# prints a table per model. BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
+# BUDGETS the budgets (default "resident 8GiB 4GiB 2GiB"), RESULTS_DIR keeps the JSON rows.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -45,13 +46,13 @@ run)
         dist/gpu/brook synth --preset "$m" --out "$work/model" --container >/dev/null
         rows="$work/$m.jsonl"
         : >"$rows"
-        for budget in "" 8GiB 4GiB 2GiB; do
+        for budget in ${BUDGETS:-resident 8GiB 4GiB 2GiB}; do
             flags=()
-            [ -n "$budget" ] && flags=(--gpu-memory-budget "$budget")
-            echo "== bench $m ${budget:-resident}"
+            [ "$budget" != resident ] && flags=(--gpu-memory-budget "$budget")
+            echo "== bench $m $budget"
             # shellcheck disable=SC2086
             dist/gpu/brook bench --model "$work/model" --backend cuda "${flags[@]}" \
-                $bench_args --json >>"$rows" || echo "bench failed for budget ${budget:-resident}"
+                $bench_args --json >>"$rows" || echo "bench failed for budget $budget"
         done
         python3 - "$rows" <<'PY'
 import json, sys

@@ -454,9 +454,9 @@ pub fn fmt_gib(b: u64) -> String {
     brook_core::experts::budget::fmt_bytes(b)
 }
 
-/// The PTX of [`SOURCE`] for this device: from the disk cache (keyed by device name,
-/// compute capability, source and NVRTC version), else compiled now and stored. The bool
-/// says whether NVRTC ran.
+/// The PTX of [`SOURCE`] for this device: from this process's earlier opens, the disk cache
+/// (keyed by device name, compute capability, source and NVRTC version), or compiled now
+/// and stored. The bool says whether NVRTC ran.
 fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
     let arch = format!("sm_{}{}{}", cc.0, cc.1, if cc.0 == 9 { "a" } else { "" });
     let nvrtc = {
@@ -468,6 +468,18 @@ fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
     let key = xxhash_rust::xxh3::xxh3_64(
         format!("{name}\n{arch}\n{nvrtc:?}\n{SOURCE}").as_bytes(),
     );
+    static COMPILED: std::sync::Mutex<Vec<(u64, String)>> = std::sync::Mutex::new(Vec::new());
+    let mut compiled = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((_, ptx)) = compiled.iter().find(|(k, _)| *k == key) {
+        return Ok((ptx.clone(), false));
+    }
+    let (ptx, fresh) = ptx_from_disk_or_nvrtc(key, &arch)?;
+    compiled.push((key, ptx.clone()));
+    Ok((ptx, fresh))
+}
+
+/// The disk cache, else NVRTC (storing the result).
+fn ptx_from_disk_or_nvrtc(key: u64, arch: &str) -> Result<(String, bool)> {
     let dir = cache_dir();
     let file = dir.as_ref().map(|d| d.join(format!("kernels-{key:016x}.ptx")));
     if let Some(f) = &file {
@@ -475,7 +487,7 @@ fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
             return Ok((ptx, false));
         }
     }
-    let arch_static: &'static str = Box::leak(arch.clone().into_boxed_str());
+    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
     let opts = cudarc::nvrtc::CompileOptions {
         arch: Some(arch_static),
         options: vec!["--std=c++17".into()],

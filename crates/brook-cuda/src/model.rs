@@ -34,6 +34,8 @@ pub struct CudaOptions {
     pub max_chunk: usize,
     /// Longest sequence a state holds.
     pub context: usize,
+    /// Capture decode steps as CUDA graphs where possible.
+    pub graphs: bool,
 }
 
 impl Default for CudaOptions {
@@ -44,6 +46,7 @@ impl Default for CudaOptions {
             expert_slots: None,
             max_chunk: 256,
             context: 4096,
+            graphs: true,
         }
     }
 }
@@ -198,6 +201,31 @@ pub struct DeviceSeq {
     layers: Vec<DevLayer>,
     context: usize,
     kv_row: usize,
+    /// The captured one-token decode step over this state's buffers, with the id of the
+    /// engine whose scratch it uses.
+    graph: Option<(u64, Graph)>,
+}
+
+/// An instantiated CUDA graph.
+#[derive(Debug)]
+struct Graph {
+    graph: cudarc::driver::sys::CUgraph,
+    exec: cudarc::driver::sys::CUgraphExec,
+}
+
+// SAFETY: plain driver handles, used under the engine's lock.
+unsafe impl Send for Graph {}
+// SAFETY: as above.
+unsafe impl Sync for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: created once by instantiate/end_capture, destroyed once.
+        unsafe {
+            let _ = cudarc::driver::result::graph::exec_destroy(self.exec);
+            let _ = cudarc::driver::result::graph::destroy(self.graph);
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -232,6 +260,7 @@ impl DeviceSeq {
             layers,
             context,
             kv_row,
+            graph: None,
         })
     }
 
@@ -310,6 +339,7 @@ impl DeviceState for DeviceSeq {
             layers,
             context: self.context,
             kv_row: self.kv_row,
+            graph: None,
         }))
     }
 
@@ -352,7 +382,12 @@ pub struct CudaModel {
     logits: Vec<f32>,
     /// Host synchronisations so far (for the benchmark's count per token).
     pub syncs: u64,
+    /// Replay one-token decode steps as CUDA graphs (when every expert is resident).
+    pub graphs: bool,
+    id: u64,
 }
+
+static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 impl CudaModel {
     /// Uploads the dense core, sizes the expert slots from the GPU budget (every expert
@@ -413,6 +448,8 @@ impl CudaModel {
             opts,
             host_in,
             syncs: 0,
+            graphs: opts.graphs,
+            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         })
     }
 
@@ -474,7 +511,24 @@ impl CudaModel {
                 .as_mut()
                 .and_then(|d| d.as_any_mut().downcast_mut::<DeviceSeq>())
                 .ok_or_else(|| Error::Invalid("lost the GPU state".into()))?;
-            let res = self.chunk(dev, chunk, state.pos);
+            let graphed = self.graphs
+                && self.experts.resident
+                && chunk.len() == 1
+                && matches!(want, Logits::Last);
+            let res = match graphed {
+                true => match self.decode_graphed(dev, chunk[0], state.pos) {
+                    Ok(true) => Ok(()),
+                    Ok(false) => {
+                        self.graphs = false;
+                        self.chunk(dev, chunk, state.pos).and_then(|_| {
+                            let last = self.s.normed.ptr;
+                            self.linear(self.dense.head, Mat::NONE, 1, last, self.s.logits.ptr)
+                        })
+                    }
+                    Err(e) => Err(e),
+                },
+                false => self.chunk(dev, chunk, state.pos),
+            };
             if let Err(e) = res {
                 // The device state may be half-updated: drop it and say so.
                 state.device = None;
@@ -510,8 +564,10 @@ impl CudaModel {
                     self.syncs += 1;
                 }
                 Logits::Last if ci + 1 == chunks => {
-                    let last = self.s.normed.ptr + ((t - 1) * h * 4) as u64;
-                    self.linear(head, Mat::NONE, 1, last, self.s.logits.ptr)?;
+                    if !graphed {
+                        let last = self.s.normed.ptr + ((t - 1) * h * 4) as u64;
+                        self.linear(head, Mat::NONE, 1, last, self.s.logits.ptr)?;
+                    }
                     self.gpu.copy_out(self.s.logits.ptr, &mut self.logits[..v])?;
                     self.syncs += 1;
                 }
@@ -572,29 +628,97 @@ impl CudaModel {
             .launch(self.gpu.k.swiglu, (total.div_ceil(256), 1, 1), 256, 0, &mut a)
     }
 
+    /// Writes the tokens and the start position into pinned memory (the previous call ended
+    /// with a synchronisation, so the buffer is free).
+    fn stage_inputs(&mut self, tokens: &[u32], pos0: usize) {
+        let buf = self.host_in.as_mut_slice();
+        for (i, &tok) in tokens.iter().enumerate() {
+            buf[4 * i..4 * i + 4].copy_from_slice(&(tok as i32).to_le_bytes());
+        }
+        let m = 4 * self.opts.max_chunk;
+        buf[m..m + 4].copy_from_slice(&(pos0 as i32).to_le_bytes());
+    }
+
+    /// Queues the copies of the staged inputs to the GPU.
+    fn enqueue_inputs(&self, t: usize) -> Result<()> {
+        let m = 4 * self.opts.max_chunk;
+        // SAFETY: pinned host memory untouched until the next call's start, which follows
+        // this call's final synchronisation; device buffers are large enough.
+        unsafe {
+            self.gpu
+                .copy_in_async(self.s.tokens.ptr, self.host_in.ptr(), 4 * t)?;
+            self.gpu
+                .copy_in_async(self.s.meta.ptr, self.host_in.ptr().add(m), 4)
+        }
+    }
+
+    /// One decode step (every expert resident, last logits) replayed from the state's CUDA
+    /// graph, captured on first use: the inputs' copies, every layer and the head.
+    /// `Ok(false)`: the step could not be captured (logged); nothing ran, run it plainly.
+    fn decode_graphed(&mut self, dev: &mut DeviceSeq, token: u32, pos0: usize) -> Result<bool> {
+        use cudarc::driver::{result, sys};
+        self.stage_inputs(&[token], pos0);
+        let fresh = !matches!(&dev.graph, Some((id, _)) if *id == self.id);
+        if fresh {
+            dev.graph = None;
+            // SAFETY: a live stream; relaxed mode lets other threads use the driver meanwhile.
+            unsafe {
+                result::stream::begin_capture(
+                    self.gpu.stream,
+                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+                )
+            }
+            .map_err(|e| crate::gpu::err("starting a graph capture", e))?;
+            let queued = self.enqueue_inputs(1).and_then(|_| {
+                self.enqueue_layers(dev, 1)?;
+                self.linear(self.dense.head, Mat::NONE, 1, self.s.normed.ptr, self.s.logits.ptr)
+            });
+            // SAFETY: ends the capture begun above, whatever happened in between.
+            let graph = unsafe { result::stream::end_capture(self.gpu.stream) };
+            let graph = match (queued, graph) {
+                (Ok(()), Ok(g)) => g,
+                (q, g) => {
+                    if let Ok(g) = g {
+                        // SAFETY: destroy the graph we own.
+                        let _ = unsafe { result::graph::destroy(g) };
+                    }
+                    tracing::warn!("CUDA graph capture failed ({q:?}); decoding without graphs");
+                    return Ok(false);
+                }
+            };
+            // SAFETY: a graph just captured.
+            let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+            let exec = match exec {
+                Ok(x) => x,
+                Err(e) => {
+                    // SAFETY: destroy the graph we own.
+                    let _ = unsafe { result::graph::destroy(graph) };
+                    tracing::warn!("CUDA graph instantiation failed ({e}); decoding without graphs");
+                    return Ok(false);
+                }
+            };
+            dev.graph = Some((self.id, Graph { graph, exec }));
+        }
+        let exec = dev.graph.as_ref().map(|(_, g)| g.exec);
+        if let Some(exec) = exec {
+            // SAFETY: an instantiated graph whose buffers (engine scratch, this state) live.
+            unsafe { result::graph::launch(exec, self.gpu.stream) }
+                .map_err(|e| crate::gpu::err("launching the decode graph", e))?;
+        }
+        Ok(true)
+    }
+
     /// One chunk of at most `max_chunk` tokens at positions `pos0..`.
     fn chunk(&mut self, dev: &mut DeviceSeq, tokens: &[u32], pos0: usize) -> Result<()> {
+        self.stage_inputs(tokens, pos0);
+        self.enqueue_inputs(tokens.len())?;
+        self.enqueue_layers(dev, tokens.len())
+    }
+
+    /// Queues embedding, every layer and the final norm for `t` staged tokens.
+    fn enqueue_layers(&mut self, dev: &mut DeviceSeq, t: usize) -> Result<()> {
         let cfg = self.model.cfg.clone();
-        let t = tokens.len();
         let h = cfg.hidden_size;
-        // Tokens and the start position through pinned memory (the previous call ended with
-        // a synchronisation, so the buffer is free).
-        {
-            let buf = self.host_in.as_mut_slice();
-            for (i, &tok) in tokens.iter().enumerate() {
-                buf[4 * i..4 * i + 4].copy_from_slice(&(tok as i32).to_le_bytes());
-            }
-            let m = 4 * self.opts.max_chunk;
-            buf[m..m + 4].copy_from_slice(&(pos0 as i32).to_le_bytes());
-            // SAFETY: pinned host memory untouched until the next call's start, which follows
-            // this call's final synchronisation; device buffers are large enough.
-            unsafe {
-                self.gpu
-                    .copy_in_async(self.s.tokens.ptr, self.host_in.ptr(), 4 * t)?;
-                self.gpu
-                    .copy_in_async(self.s.meta.ptr, self.host_in.ptr().add(m), 4)?;
-            }
-        }
         let s = &self.s;
         let mut a = Args::new();
         a.arg(self.dense.embed).arg(s.tokens.ptr).arg(s.x.ptr);

@@ -204,8 +204,9 @@ fn output_is_identical_for_every_gpu_cache_size() {
         let cfg = &model.cfg;
         let total = cfg.num_hidden_layers * cfg.num_experts;
         let tokens = Reference::open(name).ids("tokens");
-        let run = |slots: Option<usize>| {
+        let run = |slots: Option<usize>, graphs: bool| {
             let mut g = cuda(&model, slots, 16);
+            g.graphs = graphs;
             let mut st = model.new_state();
             let mut out = g.forward(&mut st, &tokens, Logits::All).expect("prefill").to_vec();
             for &t in &tokens[..4] {
@@ -213,10 +214,15 @@ fn output_is_identical_for_every_gpu_cache_size() {
             }
             (out, g.cache_stats(), g.experts.resident)
         };
-        let (all, _, resident) = run(None);
+        let (all, _, resident) = run(None, true);
         assert!(resident, "the default budget holds a fixture's experts");
+        let (plain, _, _) = run(None, false);
+        assert!(
+            plain.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{name}: decoding through CUDA graphs changed the output"
+        );
         for slots in [cfg.num_experts_per_tok, total / 2, total] {
-            let (got, stats, _) = run(Some(slots));
+            let (got, stats, _) = run(Some(slots), true);
             assert!(
                 got.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{name}: {slots} slots changed the output"
