@@ -65,47 +65,61 @@ __device__ __forceinline__ float warp_max(float v) {
     return v;
 }
 
-// One row of W times x, summed over the warp (every lane returns the total).
+// One row of W times x, summed over the warp (every lane returns the total). The 4- and
+// 8-bit paths issue all of a lane's weight, scale and bias loads for up to U words before
+// using any, so a row costs one memory round trip instead of one per word.
+#define U 8
 __device__ float row_dot(const Mat& m, u64 base, int r, const float* __restrict__ x) {
     int lane = threadIdx.x & 31;
     float acc = 0.0f;
-    if (m.bits == 4 && (m.cols & 7) == 0) {
-        int words = m.cols >> 3, gw = m.group >> 3;
+    if ((m.bits == 4 && (m.cols & 7) == 0) || (m.bits == 8 && (m.cols & 3) == 0)) {
+        int per = 32 / m.bits;                       // values per word
+        int words = m.cols / per, gw = m.group / per;
         const u32* row = (const u32*)(base + m.w) + (long long)r * words;
         long long g0 = (long long)r * (m.cols / m.group);
-        for (int w = lane; w < words; w += 32) {
-            u32 v = __ldg(row + w);
-            const float4* xp = (const float4*)(x + 8 * w);
-            float4 a = xp[0], b = xp[1];
-            float q = 0.0f, sx = 0.0f;
-            q = fmaf((float)(v & 15u), a.x, q); sx += a.x;
-            q = fmaf((float)((v >> 4) & 15u), a.y, q); sx += a.y;
-            q = fmaf((float)((v >> 8) & 15u), a.z, q); sx += a.z;
-            q = fmaf((float)((v >> 12) & 15u), a.w, q); sx += a.w;
-            q = fmaf((float)((v >> 16) & 15u), b.x, q); sx += b.x;
-            q = fmaf((float)((v >> 20) & 15u), b.y, q); sx += b.y;
-            q = fmaf((float)((v >> 24) & 15u), b.z, q); sx += b.z;
-            q = fmaf((float)(v >> 28), b.w, q); sx += b.w;
-            long long gi = g0 + w / gw;
-            acc = fmaf(ldf(base + m.s, m.stype, gi), q, acc);
-            acc = fmaf(ldf(base + m.b, m.stype, gi), sx, acc);
-        }
-    } else if (m.bits == 8 && (m.cols & 3) == 0) {
-        int words = m.cols >> 2, gw = m.group >> 2;
-        const u32* row = (const u32*)(base + m.w) + (long long)r * words;
-        long long g0 = (long long)r * (m.cols / m.group);
-        for (int w = lane; w < words; w += 32) {
-            u32 v = __ldg(row + w);
-            float4 a = ((const float4*)x)[w];
-            float q = 0.0f;
-            q = fmaf((float)(v & 255u), a.x, q);
-            q = fmaf((float)((v >> 8) & 255u), a.y, q);
-            q = fmaf((float)((v >> 16) & 255u), a.z, q);
-            q = fmaf((float)(v >> 24), a.w, q);
-            float sx = (a.x + a.y) + (a.z + a.w);
-            long long gi = g0 + w / gw;
-            acc = fmaf(ldf(base + m.s, m.stype, gi), q, acc);
-            acc = fmaf(ldf(base + m.b, m.stype, gi), sx, acc);
+        u64 sp = base + m.s, bp = base + m.b;
+        for (int w0 = 0; w0 < words; w0 += 32 * U) {
+            u32 v[U];
+            float sc[U], bi[U];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int w = w0 + lane + 32 * u;
+                bool ok = w < words;
+                v[u] = ok ? __ldg(row + w) : 0u;
+                long long gi = g0 + (ok ? w / gw : 0);
+                sc[u] = ok ? ldf(sp, m.stype, gi) : 0.0f;
+                bi[u] = ok ? ldf(bp, m.stype, gi) : 0.0f;
+            }
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                int w = w0 + lane + 32 * u;
+                if (w >= words) break;
+                float q = 0.0f, sx = 0.0f;
+                if (m.bits == 4) {
+                    const float4* xp = (const float4*)(x + 8 * w);
+                    float4 a = __ldg(xp), b = __ldg(xp + 1);
+                    u32 t = v[u];
+                    q = fmaf((float)(t & 15u), a.x, q);
+                    q = fmaf((float)((t >> 4) & 15u), a.y, q);
+                    q = fmaf((float)((t >> 8) & 15u), a.z, q);
+                    q = fmaf((float)((t >> 12) & 15u), a.w, q);
+                    q = fmaf((float)((t >> 16) & 15u), b.x, q);
+                    q = fmaf((float)((t >> 20) & 15u), b.y, q);
+                    q = fmaf((float)((t >> 24) & 15u), b.z, q);
+                    q = fmaf((float)(t >> 28), b.w, q);
+                    sx = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+                } else {
+                    float4 a = __ldg((const float4*)x + w);
+                    u32 t = v[u];
+                    q = fmaf((float)(t & 255u), a.x, q);
+                    q = fmaf((float)((t >> 8) & 255u), a.y, q);
+                    q = fmaf((float)((t >> 16) & 255u), a.z, q);
+                    q = fmaf((float)(t >> 24), a.w, q);
+                    sx = (a.x + a.y) + (a.z + a.w);
+                }
+                acc = fmaf(sc[u], q, acc);
+                acc = fmaf(bi[u], sx, acc);
+            }
         }
     } else {
         for (int c = lane; c < m.cols; c += 32) acc = fmaf(wat(m, base, r, c), x[c], acc);
@@ -128,9 +142,8 @@ extern "C" __global__ void qmv(Mat m1, Mat m2, const u64* __restrict__ tab,
         base = tab[sel[v]];
         if (base == 0) return;
     }
-    const Mat& m = r < m1.rows ? m1 : m2;
-    int rr = r < m1.rows ? r : r - m1.rows;
-    float d = row_dot(m, base, rr, x + (long long)(v / xdiv) * m.cols);
+    const float* xv = x + (long long)(v / xdiv) * m1.cols;
+    float d = r < m1.rows ? row_dot(m1, base, r, xv) : row_dot(m2, base, r - m1.rows, xv);
     if ((threadIdx.x & 31) == 0) y[(long long)v * rows + r] = d;
 }
 
@@ -243,6 +256,7 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
     __shared__ float red[32];
     long long off = (long long)blockIdx.x * H;
     float ss = 0.0f;
+#pragma unroll 4
     for (int i = threadIdx.x; i < H; i += blockDim.x) {
         float v = x[off + i];
         if (d) {
@@ -252,64 +266,56 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
         ss = fmaf(v, v, ss);
     }
     float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)H + eps);
+#pragma unroll 4
     for (int i = threadIdx.x; i < H; i += blockDim.x) out[off + i] = x[off + i] * inv * w[i];
 }
 
 // Router: softmax over E logits per token, top K (ties to the lower id), renormalised if
-// asked, then ordered by expert id so sums run in the CPU path's order.
+// asked, then ordered by expert id so sums run in the CPU path's order. One warp per token:
+// no block barriers between the K rounds.
 extern "C" __global__ void topk(const float* __restrict__ logits, int E, int K, int norm,
                                 int* __restrict__ sel, float* __restrict__ wts) {
     extern __shared__ float p[];   // [E]
-    __shared__ float red[32];
-    __shared__ float bv[32];
-    __shared__ int bi[32];
     __shared__ int ids[32];
     __shared__ float ws[32];
-    int t = blockIdx.x, tid = threadIdx.x, lane = tid & 31, w = tid >> 5, nw = blockDim.x >> 5;
+    int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)t * E;
     float mx = -INFINITY;
-    for (int i = tid; i < E; i += blockDim.x) mx = fmaxf(mx, l[i]);
+    for (int i = lane; i < E; i += 32) {
+        float v = l[i];
+        p[i] = v;
+        mx = fmaxf(mx, v);
+    }
     mx = warp_max(mx);
-    __syncthreads();
-    if (lane == 0) red[w] = mx;
-    __syncthreads();
-    mx = -INFINITY;
-    for (int i = 0; i < nw; i++) mx = fmaxf(mx, red[i]);
     float s = 0.0f;
-    for (int i = tid; i < E; i += blockDim.x) {
-        float e = expf(l[i] - mx);
+    for (int i = lane; i < E; i += 32) {
+        float e = expf(p[i] - mx);
         p[i] = e;
         s += e;
     }
-    s = block_sum(s, red);
-    for (int i = tid; i < E; i += blockDim.x) p[i] = p[i] / s;
-    __syncthreads();
+    s = warp_sum(s);
+    for (int i = lane; i < E; i += 32) p[i] = p[i] / s;
+    __syncwarp();
     for (int k = 0; k < K; k++) {
         float best = -1.0f;
         int bidx = 0x7fffffff;
-        for (int i = tid; i < E; i += blockDim.x) {
+        for (int i = lane; i < E; i += 32) {
             float v = p[i];
-            if (v > best || (v == best && i < bidx)) { best = v; bidx = i; }
+            if (v > best) { best = v; bidx = i; }
         }
         for (int o = 16; o > 0; o >>= 1) {
             float ov = __shfl_xor_sync(0xffffffffu, best, o);
             int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
             if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
         }
-        if (lane == 0) { bv[w] = best; bi[w] = bidx; }
-        __syncthreads();
-        if (tid == 0) {
-            float b = bv[0];
-            int idx = bi[0];
-            for (int i = 1; i < nw; i++)
-                if (bv[i] > b || (bv[i] == b && bi[i] < idx)) { b = bv[i]; idx = bi[i]; }
-            ids[k] = idx;
-            ws[k] = b;
-            p[idx] = -2.0f;
+        if (lane == 0) {
+            ids[k] = bidx;
+            ws[k] = best;
+            p[bidx] = -2.0f;
         }
-        __syncthreads();
+        __syncwarp();
     }
-    if (tid == 0) {
+    if (lane == 0) {
         if (norm) {
             float sum = 0.0f;
             for (int k = 0; k < K; k++) sum += ws[k];

@@ -126,22 +126,24 @@ impl Scratch {
             x: f(c * h, "activations")?,
             normed: f(c * h, "activations")?,
             delta: f(c * h, "activations")?,
-            qkv: f(c * cd, "DeltaNet scratch")?,
+            // One-token steps put z after qkv, a after b, k after the queries and the shared
+            // expert's gate after the router logits (one launch each pair).
+            qkv: f(c * cd + nv * dv, "DeltaNet scratch")?,
             conv: f(c * cd, "DeltaNet scratch")?,
             z: f(c * nv * dv, "DeltaNet scratch")?,
-            b: f(c * nv, "DeltaNet scratch")?,
+            b: f(c * nv + nv, "DeltaNet scratch")?,
             a: f(c * nv, "DeltaNet scratch")?,
             beta: f(c * nv, "DeltaNet scratch")?,
             g: f(c * nv, "DeltaNet scratch")?,
             o: f(c * nv * dv, "DeltaNet scratch")?,
             y: f(c * nv * dv, "DeltaNet scratch")?,
-            qg: f(c * nq * hd * 2, "attention scratch")?,
+            qg: f(c * nq * hd * 2 + nkv * hd, "attention scratch")?,
             k: f(c * nkv * hd, "attention scratch")?,
             v: f(c * nkv * hd, "attention scratch")?,
             q: f(c * nq * hd, "attention scratch")?,
             gate: f(c * nq * hd, "attention scratch")?,
             att: f(c * nq * hd, "attention scratch")?,
-            rlog: f(c * e, "router scratch")?,
+            rlog: f(c * e + 1, "router scratch")?,
             sel: f(c * k, "router scratch")?,
             wts: f(c * k, "router scratch")?,
             counts: f(e, "router scratch")?,
@@ -617,7 +619,7 @@ impl CudaModel {
             .arg(cfg.hidden_size as i32)
             .arg(cfg.rms_norm_eps);
         self.gpu
-            .launch(self.gpu.k.add_rms_norm, (rows as u32, 1, 1), 256, 0, &mut a)
+            .launch(self.gpu.k.add_rms_norm, (rows as u32, 1, 1), 512, 0, &mut a)
     }
 
     fn swiglu(&self, gu: u64, h: u64, n: usize, i: usize) -> Result<()> {
@@ -798,10 +800,17 @@ impl CudaModel {
             cfg.linear_value_head_dim as i32,
         );
         let cd = cfg.conv_dim() as i32;
-        self.linear(qkv, Mat::NONE, t, s.normed.ptr, s.qkv.ptr)?;
-        self.linear(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
-        self.linear(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
-        self.linear(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
+        let (zp, ap) = if t == 1 {
+            self.linear(qkv, z, 1, s.normed.ptr, s.qkv.ptr)?;
+            self.linear(b, am, 1, s.normed.ptr, s.b.ptr)?;
+            (s.qkv.ptr + cd as u64 * 4, s.b.ptr + nv as u64 * 4)
+        } else {
+            self.linear(qkv, Mat::NONE, t, s.normed.ptr, s.qkv.ptr)?;
+            self.linear(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
+            self.linear(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
+            self.linear(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
+            (s.z.ptr, s.a.ptr)
+        };
         let mut a = Args::new();
         a.arg(s.qkv.ptr)
             .arg(conv.ptr)
@@ -814,7 +823,7 @@ impl CudaModel {
         let mut a = Args::new();
         a.arg(s.conv.ptr)
             .arg(s.b.ptr)
-            .arg(s.a.ptr)
+            .arg(ap)
             .arg(a_log.ptr)
             .arg(dt_bias.ptr)
             .arg(s.beta.ptr)
@@ -852,7 +861,7 @@ impl CudaModel {
         let rows = t as i32 * nv;
         let mut a = Args::new();
         a.arg(s.o.ptr)
-            .arg(s.z.ptr)
+            .arg(zp)
             .arg(norm.ptr)
             .arg(s.y.ptr)
             .arg(rows)
@@ -884,12 +893,18 @@ impl CudaModel {
             cfg.head_dim as i32,
         );
         let gated = cfg.attn_output_gate as i32;
-        self.linear(q, Mat::NONE, t, s.normed.ptr, s.qg.ptr)?;
-        self.linear(k, Mat::NONE, t, s.normed.ptr, s.k.ptr)?;
+        let kp = if t == 1 {
+            self.linear(q, k, 1, s.normed.ptr, s.qg.ptr)?;
+            s.qg.ptr + q.rows as u64 * 4
+        } else {
+            self.linear(q, Mat::NONE, t, s.normed.ptr, s.qg.ptr)?;
+            self.linear(k, Mat::NONE, t, s.normed.ptr, s.k.ptr)?;
+            s.k.ptr
+        };
         self.linear(v, Mat::NONE, t, s.normed.ptr, s.v.ptr)?;
         let mut a = Args::new();
         a.arg(s.qg.ptr)
-            .arg(s.k.ptr)
+            .arg(kp)
             .arg(s.v.ptr)
             .arg(q_norm.ptr)
             .arg(k_norm.ptr)
@@ -953,7 +968,14 @@ impl CudaModel {
             cfg.hidden_size,
         );
         let (normed, rlog, sel, wts) = (self.s.normed.ptr, self.s.rlog.ptr, self.s.sel.ptr, self.s.wts.ptr);
-        self.linear(router, Mat::NONE, t, normed, rlog)?;
+        let sg = if t == 1 {
+            self.linear(router, seg, 1, normed, rlog)?;
+            rlog + e as u64 * 4
+        } else {
+            self.linear(router, Mat::NONE, t, normed, rlog)?;
+            self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
+            self.s.sg.ptr
+        };
         let mut a = Args::new();
         a.arg(rlog)
             .arg(e as i32)
@@ -962,12 +984,11 @@ impl CudaModel {
             .arg(sel)
             .arg(wts);
         self.gpu
-            .launch(self.gpu.k.topk, (t as u32, 1, 1), 256, (e * 4) as u32, &mut a)?;
+            .launch(self.gpu.k.topk, (t as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
         // The shared expert is queued first: it runs while streamed experts load.
         self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
         self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
         self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
-        self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
         let m = self.experts.mats[layer].clone();
         let tab = self.experts.table_of(layer);
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
@@ -1025,7 +1046,7 @@ impl CudaModel {
         a.arg(ey)
             .arg(wts)
             .arg(self.s.sout.ptr)
-            .arg(self.s.sg.ptr)
+            .arg(sg)
             .arg(self.s.delta.ptr)
             .arg(t as i32)
             .arg(k as i32)
@@ -1062,8 +1083,12 @@ impl Engine for CudaModel {
 }
 
 /// Options of the CUDA backend from brook's open options.
+///
+/// `BROOK_CUDA_GRAPHS=0` in the environment turns CUDA graphs off (for profilers that time
+/// kernels one launch at a time).
 pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
     CudaOptions {
+        graphs: std::env::var("BROOK_CUDA_GRAPHS").map_or(true, |v| v != "0"),
         gpu_memory_budget: o.gpu_memory_budget,
         max_chunk: o.prefill_chunk.max(1),
         context: o.context.max(1),
