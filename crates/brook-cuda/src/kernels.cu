@@ -69,18 +69,7 @@ __device__ __forceinline__ float warp_max(float v) {
 // 8-bit paths issue all of a lane's weight, scale and bias loads for up to U words before
 // using any, so a row costs one memory round trip instead of one per word.
 #define U 8
-__device__ __forceinline__ float4 swig4(float4 g, float4 u) {
-    return make_float4(siluf_(g.x) * u.x, siluf_(g.y) * u.y, siluf_(g.z) * u.z, siluf_(g.w) * u.w);
-}
-
-// x element c: x[c], or with `swig` silu(x[c]) · x[cols + c] (a [gate | up] row).
-__device__ __forceinline__ float4 ldx4(const float* __restrict__ x, int i, int swig, int cols) {
-    float4 a = __ldg((const float4*)(x + i));
-    if (swig) a = swig4(a, __ldg((const float4*)(x + cols + i)));
-    return a;
-}
-
-__device__ float row_dot(const Mat& m, u64 base, int r, const float* __restrict__ x, int swig = 0) {
+__device__ float row_dot(const Mat& m, u64 base, int r, const float* __restrict__ x) {
     int lane = threadIdx.x & 31;
     float acc = 0.0f;
     if ((m.bits == 4 && (m.cols & 7) == 0) || (m.bits == 8 && (m.cols & 3) == 0)) {
@@ -107,7 +96,8 @@ __device__ float row_dot(const Mat& m, u64 base, int r, const float* __restrict_
                 if (w >= words) break;
                 float q = 0.0f, sx = 0.0f;
                 if (m.bits == 4) {
-                    float4 a = ldx4(x, 8 * w, swig, m.cols), b = ldx4(x, 8 * w + 4, swig, m.cols);
+                    const float4* xp = (const float4*)(x + 8 * w);
+                    float4 a = __ldg(xp), b = __ldg(xp + 1);
                     u32 t = v[u];
                     q = fmaf((float)(t & 15u), a.x, q);
                     q = fmaf((float)((t >> 4) & 15u), a.y, q);
@@ -119,7 +109,7 @@ __device__ float row_dot(const Mat& m, u64 base, int r, const float* __restrict_
                     q = fmaf((float)(t >> 28), b.w, q);
                     sx = ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
                 } else {
-                    float4 a = ldx4(x, 4 * w, swig, m.cols);
+                    float4 a = __ldg((const float4*)x + w);
                     u32 t = v[u];
                     q = fmaf((float)(t & 255u), a.x, q);
                     q = fmaf((float)((t >> 8) & 255u), a.y, q);
@@ -132,10 +122,7 @@ __device__ float row_dot(const Mat& m, u64 base, int r, const float* __restrict_
             }
         }
     } else {
-        for (int c = lane; c < m.cols; c += 32) {
-            float xc = swig ? siluf_(x[c]) * x[m.cols + c] : x[c];
-            acc = fmaf(wat(m, base, r, c), xc, acc);
-        }
+        for (int c = lane; c < m.cols; c += 32) acc = fmaf(wat(m, base, r, c), x[c], acc);
     }
     return warp_sum(acc);
 }
@@ -158,30 +145,6 @@ extern "C" __global__ void qmv(Mat m1, Mat m2, const u64* __restrict__ tab,
     const float* xv = x + (long long)(v / xdiv) * m1.cols;
     float d = r < m1.rows ? row_dot(m1, base, r, xv) : row_dot(m2, base, r - m1.rows, xv);
     if ((threadIdx.x & 31) == 0) y[(long long)v * rows + r] = d;
-}
-
-// One-token MoE products in one launch: vectors 0..K-1 are the routed experts sel[v] (m1, m2
-// at their slots in `tab`, skipped without one), vector K the shared expert (s1, s2 at
-// absolute addresses). x row of vector v: (v / xdiv) · xstride, read as a swiglu input when
-// `swig`; y row v at v · ystride.
-extern "C" __global__ void moe_mv(Mat m1, Mat m2, Mat s1, Mat s2, const u64* __restrict__ tab,
-                                  const int* __restrict__ sel, int K, int xdiv, int xstride,
-                                  int swig, const float* __restrict__ x, float* __restrict__ y,
-                                  int ystride) {
-    int v = blockIdx.y;
-    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const float* xv = x + (long long)(v / xdiv) * xstride;
-    float d;
-    if (v == K) {
-        if (r >= s1.rows + s2.rows) return;
-        d = r < s1.rows ? row_dot(s1, 0, r, xv, swig) : row_dot(s2, 0, r - s1.rows, xv, swig);
-    } else {
-        if (r >= m1.rows + m2.rows) return;
-        u64 base = tab[sel[v]];
-        if (base == 0) return;
-        d = r < m1.rows ? row_dot(m1, base, r, xv, swig) : row_dot(m2, base, r - m1.rows, xv, swig);
-    }
-    if ((threadIdx.x & 31) == 0) y[(long long)v * ystride + r] = d;
 }
 
 // Tiled y[n, r] = W[r] · x[xrow(n)] for many vectors (prefill). 64 rows × 64 vectors per block,
@@ -411,26 +374,6 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
     out[idx] = acc + sigmoidf_(sg[t]) * shared[idx];
 }
 
-// One token's layer end: x += Σ_k wts[k] · y[k] (expert-id order) + sigmoid(sg) · y[K] (the
-// shared expert), then normed = rms_norm(x) · w for the next layer. One block.
-extern "C" __global__ void moe_combine_norm(const float* __restrict__ y, const float* __restrict__ wts,
-                                            const float* __restrict__ sg, int K, int H,
-                                            float* __restrict__ x, const float* __restrict__ w,
-                                            float* __restrict__ normed, float eps) {
-    __shared__ float red[32];
-    float sig = sigmoidf_(sg[0]);
-    float ss = 0.0f;
-    for (int j = threadIdx.x; j < H; j += blockDim.x) {
-        float acc = 0.0f;
-        for (int k = 0; k < K; k++) acc += wts[k] * y[(long long)k * H + j];
-        float val = x[j] + (acc + sig * y[(long long)K * H + j]);
-        x[j] = val;
-        ss = fmaf(val, val, ss);
-    }
-    float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)H + eps);
-    for (int j = threadIdx.x; j < H; j += blockDim.x) normed[j] = x[j] * inv * w[j];
-}
-
 // Causal depthwise conv with SiLU over [state (K-1 rows); qkv (T rows)], then the state keeps
 // the last K-1 rows. wt is the checkpoint's [cd, K]. One thread per channel.
 extern "C" __global__ void conv_silu(const float* __restrict__ qkv, float* __restrict__ state,
@@ -454,53 +397,56 @@ extern "C" __global__ void conv_silu(const float* __restrict__ qkv, float* __res
     }
 }
 
-// One DeltaNet head per block, token by token: q and k of the head's key head normalised
-// (q = rms_norm(q)·dk⁻¹, k = rms_norm(k)·dk^-½, ε = 1e-6/dk), α = exp(−exp(A_log)·softplus(a +
-// dt_bias)), β = sigmoid(b), the gated delta rule on the [dk, dv] state (thread j owns value
-// column j, in registers when DK > 0), then y = rms_norm(o; w) · silu(z). b and a rows have
-// stride nv, z and y rows nv·dv.
+// q and k heads (inside the conv output, in place): q = rms_norm(q)·dk⁻¹, k = rms_norm(k)·dk^-½
+// with ε = 1e-6/dk; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias). One block per token.
+extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __restrict__ b,
+                                      const float* __restrict__ a, const float* __restrict__ A_log,
+                                      const float* __restrict__ dt_bias, float* __restrict__ beta,
+                                      float* __restrict__ g, int cd, int nk, int nv, int dk) {
+    int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float inv_scale = 1.0f / sqrtf((float)dk);
+    float eps = 1e-6f / (float)dk;
+    for (int hh = w; hh < 2 * nk; hh += nw) {
+        float* v = conv + (long long)t * cd + hh * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss = fmaf(v[i], v[i], ss);
+        ss = warp_sum(ss);
+        float scale = hh < nk ? inv_scale * inv_scale : inv_scale;
+        float inv = 1.0f / sqrtf(ss / (float)dk + eps) * scale;
+        for (int i = lane; i < dk; i += 32) v[i] *= inv;
+    }
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        int j = t * nv + i;
+        beta[j] = sigmoidf_(b[j]);
+        g[j] = -expf(A_log[i]) * softplusf_(a[j] + dt_bias[i]);
+    }
+}
+
+// The gated delta rule token by token. Block (h, column group): each lane owns one value
+// column j of head h's [dk, dv] state, kept in registers when DK > 0 (else in global memory).
 template <int DK>
-__device__ void delta_step_impl(const float* __restrict__ conv, const float* __restrict__ bb,
-                                const float* __restrict__ aa, const float* __restrict__ A_log,
-                                const float* __restrict__ dt_bias, const float* __restrict__ z,
-                                const float* __restrict__ nw, float* __restrict__ state,
-                                float* __restrict__ y, int T, int cd, int nk, int nv, int dk,
-                                int dv, float eps) {
+__device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
+                                const float* __restrict__ beta, float* __restrict__ state,
+                                float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv) {
     extern __shared__ float sm[];   // q[dk], k[dk]
-    __shared__ float red[32];
     float* qs = sm;
     float* ks = sm + dk;
-    int h = blockIdx.x, j = threadIdx.x, nt = blockDim.x;
+    int h = blockIdx.x, lane = threadIdx.x;
+    int j = blockIdx.y * 32 + lane;
     int kh = h / (nv / nk), key_dim = nk * dk;
     bool on = j < dv;
     float* st = state + (long long)h * dk * dv;
     float s[DK > 0 ? DK : 1];
     if (DK > 0 && on)
         for (int i = 0; i < DK; i++) s[i] = st[i * dv + j];
-    float inv_scale = 1.0f / sqrtf((float)dk), keps = 1e-6f / (float)dk;
-    float decay = -expf(A_log[h]), dtb = dt_bias[h];
     for (int t = 0; t < T; t++) {
         const float* row = conv + (long long)t * cd;
-        float sq = 0.0f, sk = 0.0f;
-        for (int i = j; i < dk; i += nt) {
-            float qv = row[kh * dk + i], kv = row[key_dim + kh * dk + i];
-            qs[i] = qv;
-            ks[i] = kv;
-            sq = fmaf(qv, qv, sq);
-            sk = fmaf(kv, kv, sk);
+        for (int i = lane; i < dk; i += 32) {
+            qs[i] = row[kh * dk + i];
+            ks[i] = row[key_dim + kh * dk + i];
         }
-        sq = block_sum(sq, red);
-        sk = block_sum(sk, red);
-        float iq = 1.0f / sqrtf(sq / (float)dk + keps) * (inv_scale * inv_scale);
-        float ik = 1.0f / sqrtf(sk / (float)dk + keps) * inv_scale;
-        for (int i = j; i < dk; i += nt) {
-            qs[i] *= iq;
-            ks[i] *= ik;
-        }
-        __syncthreads();
-        float alpha = expf(decay * softplusf_(aa[t * nv + h] + dtb));
-        float bt = sigmoidf_(bb[t * nv + h]);
-        float out = 0.0f;
+        __syncwarp();
+        float alpha = expf(g[t * nv + h]), bt = beta[t * nv + h];
         if (on) {
             float v = row[2 * key_dim + h * dv + j];
             float u = 0.0f;
@@ -518,6 +464,7 @@ __device__ void delta_step_impl(const float* __restrict__ conv, const float* __r
                 }
             }
             float delta = bt * (v - u);
+            float out = 0.0f;
             if (DK > 0) {
 #pragma unroll
                 for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
@@ -531,31 +478,38 @@ __device__ void delta_step_impl(const float* __restrict__ conv, const float* __r
                     out = fmaf(x, qs[i], out);
                 }
             }
+            o[((long long)t * nv + h) * dv + j] = out;
         }
-        float so = block_sum(on ? out * out : 0.0f, red);
-        float io = 1.0f / sqrtf(so / (float)dv + eps);
-        if (on) {
-            long long at = ((long long)t * nv + h) * dv + j;
-            y[at] = out * io * nw[j] * siluf_(z[at]);
-        }
-        __syncthreads();
+        __syncwarp();
     }
     if (DK > 0 && on)
         for (int i = 0; i < DK; i++) st[i * dv + j] = s[i];
 }
 
-#define DELTA_STEP(NAME, DK)                                                                  \
-    extern "C" __global__ void NAME(const float* conv, const float* bb, const float* aa,     \
-                                    const float* A_log, const float* dt_bias, const float* z,\
-                                    const float* nw, float* state, float* y, int T, int cd,  \
-                                    int nk, int nv, int dk, int dv, float eps) {             \
-        delta_step_impl<DK>(conv, bb, aa, A_log, dt_bias, z, nw, state, y, T, cd, nk, nv, dk, \
-                            dv, eps);                                                        \
+#define DELTA_RULE(NAME, DK)                                                                    \
+    extern "C" __global__ void NAME(const float* conv, const float* g, const float* beta,      \
+                                    float* state, float* o, int T, int cd, int nk, int nv,     \
+                                    int dk, int dv) {                                          \
+        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv);                   \
     }
-DELTA_STEP(delta_step_32, 32)
-DELTA_STEP(delta_step_64, 64)
-DELTA_STEP(delta_step_128, 128)
-DELTA_STEP(delta_step_any, 0)
+DELTA_RULE(delta_rule_32, 32)
+DELTA_RULE(delta_rule_64, 64)
+DELTA_RULE(delta_rule_128, 128)
+DELTA_RULE(delta_rule_any, 0)
+
+// y = rms_norm(o; w) · silu(z) per value head, one warp per (token, head).
+extern "C" __global__ void gated_norm(const float* __restrict__ o, const float* __restrict__ z,
+                                      const float* __restrict__ w, float* __restrict__ y,
+                                      int rows, int dv, float eps) {
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float* oh = o + (long long)r * dv;
+    float ss = 0.0f;
+    for (int i = lane; i < dv; i += 32) ss = fmaf(oh[i], oh[i], ss);
+    float inv = 1.0f / sqrtf(warp_sum(ss) / (float)dv + eps);
+    for (int i = lane; i < dv; i += 32)
+        y[(long long)r * dv + i] = oh[i] * inv * w[i] * siluf_(z[(long long)r * dv + i]);
+}
 
 // Attention inputs: q = rope(rms_norm(q)), gate split off, k = rope(rms_norm(k)) and v written
 // into the caches at positions meta[0] + t. Block (t, head): heads nq.. are kv heads. 64

@@ -63,6 +63,9 @@ struct Scratch {
     z: DevBuf,
     b: DevBuf,
     a: DevBuf,
+    beta: DevBuf,
+    g: DevBuf,
+    o: DevBuf,
     y: DevBuf,
     // attention
     qg: DevBuf,
@@ -130,6 +133,9 @@ impl Scratch {
             z: f(c * nv * dv, "DeltaNet scratch")?,
             b: f(c * nv + nv, "DeltaNet scratch")?,
             a: f(c * nv, "DeltaNet scratch")?,
+            beta: f(c * nv, "DeltaNet scratch")?,
+            g: f(c * nv, "DeltaNet scratch")?,
+            o: f(c * nv * dv, "DeltaNet scratch")?,
             y: f(c * nv * dv, "DeltaNet scratch")?,
             qg: f(c * nq * hd * 2 + nkv * hd, "attention scratch")?,
             k: f(c * nkv * hd, "attention scratch")?,
@@ -144,9 +150,9 @@ impl Scratch {
             offs: f(e, "router scratch")?,
             fill: f(e, "router scratch")?,
             pairs: f(c * k, "router scratch")?,
-            gu: f((c * k * 2 * i).max((k + 1) * 2 * i.max(is)), "expert scratch")?,
+            gu: f(c * k * 2 * i, "expert scratch")?,
             h: f(c * k * i, "expert scratch")?,
-            ey: f((c * k * h).max((k + 1) * h), "expert scratch")?,
+            ey: f(c * k * h, "expert scratch")?,
             sgu: f(c * 2 * is, "shared expert scratch")?,
             sh: f(c * is, "shared expert scratch")?,
             sout: f(c * h, "shared expert scratch")?,
@@ -156,6 +162,36 @@ impl Scratch {
             logits: f(cfg.vocab_size, "logits")?,
             inv_freq: gpu.upload(&inv, "RoPE frequencies")?,
         })
+    }
+
+    /// GPU bytes `Scratch::new` takes for chunks of `c` (for planning).
+    fn bytes(cfg: &ModelConfig, c: usize) -> u64 {
+        let h = cfg.hidden_size;
+        let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+        let (nq, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (e, k, i) = (
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+        );
+        let is = cfg.shared_expert_intermediate_size;
+        let per = 4 * h
+            + 2 * cfg.conv_dim()
+            + 3 * nv * dv
+            + 4 * nv
+            + nq * hd * 5
+            + 2 * nkv * hd
+            + e
+            + 3 * k
+            + k * 3 * i
+            + k * h
+            + 3 * is
+            + 1;
+        ((c * per + 3 * e + cfg.vocab_size + 4) * 4) as u64 + (1 << 20)
     }
 }
 
@@ -419,6 +455,11 @@ impl CudaModel {
         })
     }
 
+    /// GPU bytes planned before the expert slots (dense core, scratch): for reports.
+    pub fn planned_bytes(cfg: &ModelConfig, dense: u64, opts: &CudaOptions) -> u64 {
+        dense + Scratch::bytes(cfg, opts.max_chunk) + DeviceSeq::bytes(cfg, opts.context)
+    }
+
     /// Expert cache counters.
     pub fn cache_stats(&self) -> GpuCacheStats {
         self.experts.stats
@@ -543,6 +584,11 @@ impl CudaModel {
 
     fn linear(&self, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()> {
         ops::linear(&self.gpu, m1, m2, t, x, y)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn qmv(&self, m1: Mat, m2: Mat, tab: u64, sel: u64, xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
+        ops::qmv(&self.gpu, m1, m2, tab, sel, xdiv, nvec, x, y)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -683,11 +729,8 @@ impl CudaModel {
         let (x, normed, delta) = (s.x.ptr, s.normed.ptr, s.delta.ptr);
         for i in 0..cfg.num_hidden_layers {
             let l = &self.dense.layers[i];
-            // One token: the previous layer's MoE end already left `normed` for this layer.
-            if i == 0 || t > 1 {
-                let d = if i == 0 { 0 } else { delta };
-                self.norm(x, d, l.input_norm.ptr, normed, t)?;
-            }
+            let d = if i == 0 { 0 } else { delta };
+            self.norm(x, d, l.input_norm.ptr, normed, t)?;
             match (&l.mixer, &dev.layers[i]) {
                 (
                     MixerGpu::Delta {
@@ -723,16 +766,10 @@ impl CudaModel {
                 _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
             }
             self.norm(x, delta, l.post_norm.ptr, normed, t)?;
-            let next_norm = match self.dense.layers.get(i + 1) {
-                Some(n) => n.input_norm.ptr,
-                None => self.dense.norm.ptr,
-            };
-            self.moe(&cfg, i, t, next_norm)?;
+            self.moe(&cfg, i, t)?;
         }
-        if t > 1 {
-            let s = &self.s;
-            self.norm(s.x.ptr, s.delta.ptr, self.dense.norm.ptr, s.normed.ptr, t)?;
-        }
+        let s = &self.s;
+        self.norm(s.x.ptr, s.delta.ptr, self.dense.norm.ptr, s.normed.ptr, t)?;
         let _ = h;
         Ok(())
     }
@@ -783,31 +820,54 @@ impl CudaModel {
             .arg(cd)
             .arg(cfg.linear_conv_kernel_dim as i32);
         g.launch(g.k.conv_silu, ((cd as u32).div_ceil(128), 1, 1), 128, 0, &mut a)?;
-        let f = match dk {
-            32 => g.k.delta_step_32,
-            64 => g.k.delta_step_64,
-            128 => g.k.delta_step_128,
-            _ => g.k.delta_step_any,
-        };
         let mut a = Args::new();
         a.arg(s.conv.ptr)
             .arg(s.b.ptr)
             .arg(ap)
             .arg(a_log.ptr)
             .arg(dt_bias.ptr)
-            .arg(zp)
-            .arg(norm.ptr)
+            .arg(s.beta.ptr)
+            .arg(s.g.ptr)
+            .arg(cd)
+            .arg(nk)
+            .arg(nv)
+            .arg(dk);
+        g.launch(g.k.delta_prep, (t as u32, 1, 1), 256, 0, &mut a)?;
+        let f = match dk {
+            32 => g.k.delta_rule_32,
+            64 => g.k.delta_rule_64,
+            128 => g.k.delta_rule_128,
+            _ => g.k.delta_rule_any,
+        };
+        let mut a = Args::new();
+        a.arg(s.conv.ptr)
+            .arg(s.g.ptr)
+            .arg(s.beta.ptr)
             .arg(ssm.ptr)
-            .arg(s.y.ptr)
+            .arg(s.o.ptr)
             .arg(t as i32)
             .arg(cd)
             .arg(nk)
             .arg(nv)
             .arg(dk)
+            .arg(dv);
+        g.launch(
+            f,
+            (nv as u32, (dv as u32).div_ceil(32), 1),
+            32,
+            (2 * dk * 4) as u32,
+            &mut a,
+        )?;
+        let rows = t as i32 * nv;
+        let mut a = Args::new();
+        a.arg(s.o.ptr)
+            .arg(zp)
+            .arg(norm.ptr)
+            .arg(s.y.ptr)
+            .arg(rows)
             .arg(dv)
             .arg(cfg.rms_norm_eps);
-        let threads = (dv as u32).div_ceil(32) * 32;
-        g.launch(f, (nv as u32, 1, 1), threads, (2 * dk * 4) as u32, &mut a)?;
+        g.launch(g.k.gated_norm, ((rows as u32).div_ceil(4), 1, 1), 128, 0, &mut a)?;
         self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
     }
 
@@ -890,9 +950,8 @@ impl CudaModel {
         self.linear(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
     }
 
-    /// The MoE block of `layer` on `normed`. Several tokens: writes `delta`. One token: adds
-    /// the block's output to `x` and leaves rms_norm(x)·`next_norm` in `normed`.
-    fn moe(&mut self, cfg: &ModelConfig, layer: usize, t: usize, next_norm: u64) -> Result<()> {
+    /// The MoE block of `layer` on `normed`, writing `delta`.
+    fn moe(&mut self, cfg: &ModelConfig, layer: usize, t: usize) -> Result<()> {
         let l = &self.dense.layers[layer];
         let (router, sgate, sup, sdown, seg) = (
             l.router,
@@ -926,6 +985,10 @@ impl CudaModel {
             .arg(wts);
         self.gpu
             .launch(self.gpu.k.topk, (t as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
+        // The shared expert is queued first: it runs while streamed experts load.
+        self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
+        self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
+        self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
         let m = self.experts.mats[layer].clone();
         let tab = self.experts.table_of(layer);
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
@@ -939,60 +1002,10 @@ impl CudaModel {
                 ids.dedup();
                 self.experts.prepare(&self.model, layer, &ids)?;
             }
-            // Routed experts and the shared one (vector k) in two launches: gate and up,
-            // then down reading silu(gate)·up directly.
-            let w = 2 * i.max(is);
-            let mut a = Args::new();
-            a.arg(m.gate)
-                .arg(m.up)
-                .arg(sgate)
-                .arg(sup)
-                .arg(tab)
-                .arg(sel)
-                .arg(k as i32)
-                .arg(k as i32 + 1)
-                .arg(h as i32)
-                .arg(0i32)
-                .arg(normed)
-                .arg(gu)
-                .arg(w as i32);
-            self.gpu
-                .launch(self.gpu.k.moe_mv, ((w as u32).div_ceil(4), k as u32 + 1, 1), 128, 0, &mut a)?;
-            let mut a = Args::new();
-            a.arg(m.down)
-                .arg(Mat::NONE)
-                .arg(sdown)
-                .arg(Mat::NONE)
-                .arg(tab)
-                .arg(sel)
-                .arg(k as i32)
-                .arg(1i32)
-                .arg(w as i32)
-                .arg(1i32)
-                .arg(gu)
-                .arg(ey)
-                .arg(h as i32);
-            self.gpu
-                .launch(self.gpu.k.moe_mv, ((h as u32).div_ceil(4), k as u32 + 1, 1), 128, 0, &mut a)?;
-            let mut a = Args::new();
-            a.arg(ey)
-                .arg(wts)
-                .arg(sg)
-                .arg(k as i32)
-                .arg(h as i32)
-                .arg(self.s.x.ptr)
-                .arg(next_norm)
-                .arg(normed)
-                .arg(cfg.rms_norm_eps);
-            return self
-                .gpu
-                .launch(self.gpu.k.moe_combine_norm, (1, 1, 1), 1024, 0, &mut a);
-        }
-        // The shared expert is queued first: it runs while streamed experts load.
-        self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
-        self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
-        self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
-        {
+            self.qmv(m.gate, m.up, tab, sel, k as i32, k, normed, gu)?;
+            self.swiglu(gu, hb, k, i)?;
+            self.qmv(m.down, Mat::NONE, tab, sel, 1, k, hb, ey)?;
+        } else {
             let (counts, offs, fill, pairs) =
                 (self.s.counts.ptr, self.s.offs.ptr, self.s.fill.ptr, self.s.pairs.ptr);
             self.s.counts.zero()?;
