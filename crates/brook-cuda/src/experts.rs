@@ -214,9 +214,10 @@ impl GpuExperts {
             let s = match self.free.pop() {
                 Some(s) => s,
                 None => {
-                    let (f, t, s) = self.lfu.pop_first().ok_or_else(|| {
-                        Error::Invalid("no GPU expert slot left to evict".into())
-                    })?;
+                    let (f, t, s) = self
+                        .lfu
+                        .pop_first()
+                        .ok_or_else(|| Error::Invalid("no GPU expert slot left to evict".into()))?;
                     let _ = (f, t);
                     let old = self.owner[s as usize];
                     self.slot_of[old] = NONE;
@@ -259,7 +260,8 @@ impl GpuExperts {
         self.stats.load_s += t.elapsed().as_secs_f64();
         for &e in ids {
             let k = layer * self.experts + e;
-            self.lfu.insert((self.freq[k], self.last[k], self.slot_of[k]));
+            self.lfu
+                .insert((self.freq[k], self.last[k], self.slot_of[k]));
         }
         Ok(())
     }

@@ -27,7 +27,10 @@ pub fn libraries_present() -> std::result::Result<(), String> {
     // SAFETY: these only try to dlopen the libraries and report whether that worked.
     let driver = unsafe { sys::is_culib_present() };
     if !driver {
-        return Err("no CUDA driver found (libcuda.so); install the NVIDIA driver or use --backend cpu".into());
+        return Err(
+            "no CUDA driver found (libcuda.so); install the NVIDIA driver or use --backend cpu"
+                .into(),
+        );
     }
     // SAFETY: as above.
     let nvrtc = unsafe { cudarc::nvrtc::sys::is_culib_present() };
@@ -37,28 +40,32 @@ pub fn libraries_present() -> std::result::Result<(), String> {
     Ok(())
 }
 
+/// One kernel of the loaded module.
+#[derive(Debug, Clone, Copy)]
+pub struct Kernel(sys::CUfunction);
+
 /// The kernels of [`SOURCE`], looked up once.
 #[derive(Debug)]
 pub struct Kernels {
-    pub qmv: sys::CUfunction,
-    pub qmm: sys::CUfunction,
-    pub swiglu: sys::CUfunction,
-    pub embed: sys::CUfunction,
-    pub add_rms_norm: sys::CUfunction,
-    pub topk: sys::CUfunction,
-    pub moe_count: sys::CUfunction,
-    pub moe_offsets: sys::CUfunction,
-    pub moe_fill: sys::CUfunction,
-    pub moe_combine: sys::CUfunction,
-    pub conv_silu: sys::CUfunction,
-    pub delta_prep: sys::CUfunction,
-    pub delta_rule_32: sys::CUfunction,
-    pub delta_rule_64: sys::CUfunction,
-    pub delta_rule_128: sys::CUfunction,
-    pub delta_rule_any: sys::CUfunction,
-    pub gated_norm: sys::CUfunction,
-    pub attn_prep: sys::CUfunction,
-    pub attention: sys::CUfunction,
+    pub qmv: Kernel,
+    pub qmm: Kernel,
+    pub swiglu: Kernel,
+    pub embed: Kernel,
+    pub add_rms_norm: Kernel,
+    pub topk: Kernel,
+    pub moe_count: Kernel,
+    pub moe_offsets: Kernel,
+    pub moe_fill: Kernel,
+    pub moe_combine: Kernel,
+    pub conv_silu: Kernel,
+    pub delta_prep: Kernel,
+    pub delta_rule_32: Kernel,
+    pub delta_rule_64: Kernel,
+    pub delta_rule_128: Kernel,
+    pub delta_rule_any: Kernel,
+    pub gated_norm: Kernel,
+    pub attn_prep: Kernel,
+    pub attention: Kernel,
 }
 
 /// One device with its context, stream, compiled kernels and a running count of device
@@ -126,10 +133,11 @@ impl Gpu {
         // SAFETY: a NUL-terminated PTX image; the module is unloaded in Drop.
         let module = unsafe { result::module::load_data(ptx_c.as_ptr() as *const c_void) }
             .map_err(|e| err("loading the kernels", e))?;
-        let f = |n: &str| -> Result<sys::CUfunction> {
+        let f = |n: &str| -> Result<Kernel> {
             let cn = CString::new(n).map_err(|e| err("kernel name", e))?;
             // SAFETY: module is loaded; the name is NUL-terminated.
             unsafe { result::module::get_function(module, cn) }
+                .map(Kernel)
                 .map_err(|e| err(&format!("finding kernel {n}"), e))
         };
         let k = Kernels {
@@ -203,7 +211,10 @@ impl Gpu {
             }),
             Err(e) => {
                 self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
-                Err(err(&format!("allocating {} for {what}", fmt_gib(bytes as u64)), e))
+                Err(err(
+                    &format!("allocating {} for {what}", fmt_gib(bytes as u64)),
+                    e,
+                ))
             }
         }
     }
@@ -231,7 +242,7 @@ impl Gpu {
     /// Launches `f` on the stream.
     pub fn launch(
         &self,
-        f: sys::CUfunction,
+        f: Kernel,
         grid: (u32, u32, u32),
         block: u32,
         smem: u32,
@@ -243,8 +254,17 @@ impl Gpu {
         }
         // SAFETY: f is a kernel of our module; every argument was pushed in the order and
         // with the type the kernel declares (kernels.cu), and lives in `args` for the call.
-        unsafe { result::launch_kernel(f, grid, (block, 1, 1), smem, self.stream, &mut ptrs[..args.n]) }
-            .map_err(|e| err("launching a kernel", e))
+        unsafe {
+            result::launch_kernel(
+                f.0,
+                grid,
+                (block, 1, 1),
+                smem,
+                self.stream,
+                &mut ptrs[..args.n],
+            )
+        }
+        .map_err(|e| err("launching a kernel", e))
     }
 
     /// Copies `bytes` from host memory into device memory asynchronously. The host memory
@@ -351,7 +371,9 @@ impl Drop for DevBuf {
             let _ = result::stream::synchronize(self.gpu.stream);
             let _ = result::free_sync(self.ptr);
         }
-        self.gpu.used.fetch_sub(self.bytes as u64, Ordering::Relaxed);
+        self.gpu
+            .used
+            .fetch_sub(self.bytes as u64, Ordering::Relaxed);
     }
 }
 
@@ -465,9 +487,7 @@ fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
         let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
         (major, minor)
     };
-    let key = xxhash_rust::xxh3::xxh3_64(
-        format!("{name}\n{arch}\n{nvrtc:?}\n{SOURCE}").as_bytes(),
-    );
+    let key = xxhash_rust::xxh3::xxh3_64(format!("{name}\n{arch}\n{nvrtc:?}\n{SOURCE}").as_bytes());
     static COMPILED: std::sync::Mutex<Vec<(u64, String)>> = std::sync::Mutex::new(Vec::new());
     let mut compiled = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, ptx)) = compiled.iter().find(|(k, _)| *k == key) {
@@ -481,11 +501,11 @@ fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
 /// The disk cache, else NVRTC (storing the result).
 fn ptx_from_disk_or_nvrtc(key: u64, arch: &str) -> Result<(String, bool)> {
     let dir = cache_dir();
-    let file = dir.as_ref().map(|d| d.join(format!("kernels-{key:016x}.ptx")));
-    if let Some(f) = &file {
-        if let Ok(ptx) = std::fs::read_to_string(f) {
-            return Ok((ptx, false));
-        }
+    let file = dir
+        .as_ref()
+        .map(|d| d.join(format!("kernels-{key:016x}.ptx")));
+    if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
+        return Ok((ptx, false));
     }
     let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
     let opts = cudarc::nvrtc::CompileOptions {

@@ -470,7 +470,12 @@ impl CudaModel {
     }
 
     /// Feeds `tokens` through the model on the GPU, as `Model::forward` does.
-    pub fn forward(&mut self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<&[f32]> {
+    pub fn forward(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<&[f32]> {
         self.gpu.bind()?;
         let (v, c) = (self.cfg().vocab_size, self.opts.max_chunk);
         if tokens.is_empty() {
@@ -570,7 +575,8 @@ impl CudaModel {
                         let last = self.s.normed.ptr + ((t - 1) * h * 4) as u64;
                         self.linear(head, Mat::NONE, 1, last, self.s.logits.ptr)?;
                     }
-                    self.gpu.copy_out(self.s.logits.ptr, &mut self.logits[..v])?;
+                    self.gpu
+                        .copy_out(self.s.logits.ptr, &mut self.logits[..v])?;
                     self.syncs += 1;
                 }
                 _ => {
@@ -587,7 +593,17 @@ impl CudaModel {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn qmv(&self, m1: Mat, m2: Mat, tab: u64, sel: u64, xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
+    fn qmv(
+        &self,
+        m1: Mat,
+        m2: Mat,
+        tab: u64,
+        sel: u64,
+        xdiv: i32,
+        nvec: usize,
+        x: u64,
+        y: u64,
+    ) -> Result<()> {
         ops::qmv(&self.gpu, m1, m2, tab, sel, xdiv, nvec, x, y)
     }
 
@@ -606,7 +622,9 @@ impl CudaModel {
         y: u64,
         groups: usize,
     ) -> Result<()> {
-        ops::qmm(&self.gpu, m1, m2, tab, counts, offs, pairs, xdiv, t, x, y, groups)
+        ops::qmm(
+            &self.gpu, m1, m2, tab, counts, offs, pairs, xdiv, t, x, y, groups,
+        )
     }
 
     fn norm(&self, x: u64, d: u64, w: u64, out: u64, rows: usize) -> Result<()> {
@@ -626,8 +644,13 @@ impl CudaModel {
         let mut a = Args::new();
         a.arg(gu).arg(h).arg(n as i32).arg(i as i32);
         let total = (n * i) as u32;
-        self.gpu
-            .launch(self.gpu.k.swiglu, (total.div_ceil(256), 1, 1), 256, 0, &mut a)
+        self.gpu.launch(
+            self.gpu.k.swiglu,
+            (total.div_ceil(256), 1, 1),
+            256,
+            0,
+            &mut a,
+        )
     }
 
     /// Writes the tokens and the start position into pinned memory (the previous call ended
@@ -673,7 +696,13 @@ impl CudaModel {
             .map_err(|e| crate::gpu::err("starting a graph capture", e))?;
             let queued = self.enqueue_inputs(1).and_then(|_| {
                 self.enqueue_layers(dev, 1)?;
-                self.linear(self.dense.head, Mat::NONE, 1, self.s.normed.ptr, self.s.logits.ptr)
+                self.linear(
+                    self.dense.head,
+                    Mat::NONE,
+                    1,
+                    self.s.normed.ptr,
+                    self.s.logits.ptr,
+                )
             });
             // SAFETY: ends the capture begun above, whatever happened in between.
             let graph = unsafe { result::stream::end_capture(self.gpu.stream) };
@@ -689,13 +718,16 @@ impl CudaModel {
                 }
             };
             // SAFETY: a graph just captured.
-            let exec = unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
+            let exec =
+                unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
             let exec = match exec {
                 Ok(x) => x,
                 Err(e) => {
                     // SAFETY: destroy the graph we own.
                     let _ = unsafe { result::graph::destroy(graph) };
-                    tracing::warn!("CUDA graph instantiation failed ({e}); decoding without graphs");
+                    tracing::warn!(
+                        "CUDA graph instantiation failed ({e}); decoding without graphs"
+                    );
                     return Ok(false);
                 }
             };
@@ -819,7 +851,13 @@ impl CudaModel {
             .arg(t as i32)
             .arg(cd)
             .arg(cfg.linear_conv_kernel_dim as i32);
-        g.launch(g.k.conv_silu, ((cd as u32).div_ceil(128), 1, 1), 128, 0, &mut a)?;
+        g.launch(
+            g.k.conv_silu,
+            ((cd as u32).div_ceil(128), 1, 1),
+            128,
+            0,
+            &mut a,
+        )?;
         let mut a = Args::new();
         a.arg(s.conv.ptr)
             .arg(s.b.ptr)
@@ -867,7 +905,13 @@ impl CudaModel {
             .arg(rows)
             .arg(dv)
             .arg(cfg.rms_norm_eps);
-        g.launch(g.k.gated_norm, ((rows as u32).div_ceil(4), 1, 1), 128, 0, &mut a)?;
+        g.launch(
+            g.k.gated_norm,
+            ((rows as u32).div_ceil(4), 1, 1),
+            128,
+            0,
+            &mut a,
+        )?;
         self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
     }
 
@@ -967,7 +1011,12 @@ impl CudaModel {
             cfg.shared_expert_intermediate_size,
             cfg.hidden_size,
         );
-        let (normed, rlog, sel, wts) = (self.s.normed.ptr, self.s.rlog.ptr, self.s.sel.ptr, self.s.wts.ptr);
+        let (normed, rlog, sel, wts) = (
+            self.s.normed.ptr,
+            self.s.rlog.ptr,
+            self.s.sel.ptr,
+            self.s.wts.ptr,
+        );
         let sg = if t == 1 {
             self.linear(router, seg, 1, normed, rlog)?;
             rlog + e as u64 * 4
@@ -983,8 +1032,13 @@ impl CudaModel {
             .arg(cfg.norm_topk_prob as i32)
             .arg(sel)
             .arg(wts);
-        self.gpu
-            .launch(self.gpu.k.topk, (t as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
+        self.gpu.launch(
+            self.gpu.k.topk,
+            (t as u32, 1, 1),
+            32,
+            (e * 4) as u32,
+            &mut a,
+        )?;
         // The shared expert is queued first: it runs while streamed experts load.
         self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
         self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
@@ -1006,21 +1060,36 @@ impl CudaModel {
             self.swiglu(gu, hb, k, i)?;
             self.qmv(m.down, Mat::NONE, tab, sel, 1, k, hb, ey)?;
         } else {
-            let (counts, offs, fill, pairs) =
-                (self.s.counts.ptr, self.s.offs.ptr, self.s.fill.ptr, self.s.pairs.ptr);
+            let (counts, offs, fill, pairs) = (
+                self.s.counts.ptr,
+                self.s.offs.ptr,
+                self.s.fill.ptr,
+                self.s.pairs.ptr,
+            );
             self.s.counts.zero()?;
             let n = (t * k) as i32;
             let mut a = Args::new();
             a.arg(sel).arg(n).arg(counts);
-            self.gpu
-                .launch(self.gpu.k.moe_count, ((n as u32).div_ceil(256), 1, 1), 256, 0, &mut a)?;
+            self.gpu.launch(
+                self.gpu.k.moe_count,
+                ((n as u32).div_ceil(256), 1, 1),
+                256,
+                0,
+                &mut a,
+            )?;
             let mut a = Args::new();
             a.arg(counts).arg(e as i32).arg(offs).arg(fill);
-            self.gpu.launch(self.gpu.k.moe_offsets, (1, 1, 1), 32, 0, &mut a)?;
+            self.gpu
+                .launch(self.gpu.k.moe_offsets, (1, 1, 1), 32, 0, &mut a)?;
             let mut a = Args::new();
             a.arg(sel).arg(n).arg(offs).arg(fill).arg(pairs);
-            self.gpu
-                .launch(self.gpu.k.moe_fill, ((n as u32).div_ceil(256), 1, 1), 256, 0, &mut a)?;
+            self.gpu.launch(
+                self.gpu.k.moe_fill,
+                ((n as u32).div_ceil(256), 1, 1),
+                256,
+                0,
+                &mut a,
+            )?;
             let batches: Vec<Vec<usize>> = if self.experts.resident {
                 vec![Vec::new()]
             } else {
@@ -1037,7 +1106,9 @@ impl CudaModel {
                 if !self.experts.resident {
                     self.experts.prepare(&self.model, layer, ids)?;
                 }
-                self.qmm(m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e)?;
+                self.qmm(
+                    m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e,
+                )?;
                 self.swiglu(gu, hb, t * k, i)?;
                 self.qmm(m.down, Mat::NONE, tab, counts, offs, pairs, 1, t, hb, ey, e)?;
             }
@@ -1052,8 +1123,13 @@ impl CudaModel {
             .arg(k as i32)
             .arg(h as i32);
         let total = (t * h) as u32;
-        self.gpu
-            .launch(self.gpu.k.moe_combine, (total.div_ceil(256), 1, 1), 256, 0, &mut a)
+        self.gpu.launch(
+            self.gpu.k.moe_combine,
+            (total.div_ceil(256), 1, 1),
+            256,
+            0,
+            &mut a,
+        )
     }
 }
 

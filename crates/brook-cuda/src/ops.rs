@@ -9,7 +9,17 @@ use crate::weights::Mat;
 /// With `sel` (a device array of expert ids), vector v uses the slot of expert sel[v] in
 /// the table `tab`.
 #[allow(clippy::too_many_arguments)]
-pub fn qmv(g: &Gpu, m1: Mat, m2: Mat, tab: u64, sel: u64, xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
+pub fn qmv(
+    g: &Gpu,
+    m1: Mat,
+    m2: Mat,
+    tab: u64,
+    sel: u64,
+    xdiv: i32,
+    nvec: usize,
+    x: u64,
+    y: u64,
+) -> Result<()> {
     let rows = (m1.rows + m2.rows) as u32;
     let mut a = Args::new();
     a.arg(m1).arg(m2).arg(tab).arg(sel).arg(xdiv).arg(x).arg(y);

@@ -194,7 +194,10 @@ pub fn upload_linear(gpu: &Arc<Gpu>, l: &LinearRef<'_>, what: &str) -> Result<(M
         keep: Vec::new(),
     };
     let m = up.linear(l, what)?;
-    let buf = up.keep.pop().ok_or_else(|| Error::Device("upload kept nothing".into()))?;
+    let buf = up
+        .keep
+        .pop()
+        .ok_or_else(|| Error::Device("upload kept nothing".into()))?;
     Ok((m, buf))
 }
 
@@ -263,7 +266,10 @@ impl DenseGpu {
             let se = &l.mlp.shared_expert;
             layers.push(LayerGpu {
                 input_norm: up.floats(&l.input_layernorm, &name("input_layernorm"))?,
-                post_norm: up.floats(&l.post_attention_layernorm, &name("post_attention_layernorm"))?,
+                post_norm: up.floats(
+                    &l.post_attention_layernorm,
+                    &name("post_attention_layernorm"),
+                )?,
                 mixer,
                 router: up.linear(&l.mlp.gate.view(), &name("mlp.gate"))?,
                 shared_gate: up.linear(&se.gate_proj.view(), &name("shared_expert.gate_proj"))?,

@@ -6,7 +6,6 @@
 //! fixtures (the Foundation bound) and 2e-5 of the reference pass, greedy tokens equal.
 
 #[path = "../../brook-core/tests/common/mod.rs"]
-#[allow(dead_code)]
 mod common;
 
 use std::sync::Arc;
@@ -171,7 +170,10 @@ fn fixtures_logits_and_greedy_tokens_match_on_the_gpu() {
         for chunk in [256, 7] {
             let mut g = cuda(&model, None, chunk);
             let mut st = model.new_state();
-            let got = g.forward(&mut st, &tokens, Logits::All).expect("gpu").to_vec();
+            let got = g
+                .forward(&mut st, &tokens, Logits::All)
+                .expect("gpu")
+                .to_vec();
             let e_mlx = rel_l2(&got, &want_mlx);
             let e_ref = rel_l2(&got, &want_ref);
             eprintln!("{name} chunk {chunk}: vs mlx-lm {e_mlx:.2e}, vs reference {e_ref:.2e}");
@@ -183,12 +185,18 @@ fn fixtures_logits_and_greedy_tokens_match_on_the_gpu() {
         let mut g = cuda(&model, None, 256);
         let mut st = model.new_state();
         let prompt = r.ids("tokens");
-        let mut logits = g.forward(&mut st, &prompt, Logits::Last).expect("prefill").to_vec();
+        let mut logits = g
+            .forward(&mut st, &prompt, Logits::Last)
+            .expect("prefill")
+            .to_vec();
         let mut got_ids = Vec::new();
         for _ in 0..want_ids.len() {
             let next = argmax(&logits);
             got_ids.push(next);
-            logits = g.forward(&mut st, &[next], Logits::Last).expect("decode").to_vec();
+            logits = g
+                .forward(&mut st, &[next], Logits::Last)
+                .expect("decode")
+                .to_vec();
         }
         assert_eq!(got_ids, want_ids, "{name}: greedy tokens");
     }
@@ -208,7 +216,10 @@ fn output_is_identical_for_every_gpu_cache_size() {
             let mut g = cuda(&model, slots, 16);
             g.graphs = graphs;
             let mut st = model.new_state();
-            let mut out = g.forward(&mut st, &tokens, Logits::All).expect("prefill").to_vec();
+            let mut out = g
+                .forward(&mut st, &tokens, Logits::All)
+                .expect("prefill")
+                .to_vec();
             for &t in &tokens[..4] {
                 out.extend_from_slice(g.forward(&mut st, &[t], Logits::Last).expect("decode"));
             }
@@ -218,13 +229,18 @@ fn output_is_identical_for_every_gpu_cache_size() {
         assert!(resident, "the default budget holds a fixture's experts");
         let (plain, _, _) = run(None, false);
         assert!(
-            plain.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()),
+            plain
+                .iter()
+                .zip(&all)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
             "{name}: decoding through CUDA graphs changed the output"
         );
         for slots in [cfg.num_experts_per_tok, total / 2, total] {
             let (got, stats, _) = run(Some(slots), true);
             assert!(
-                got.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits()),
+                got.iter()
+                    .zip(&all)
+                    .all(|(a, b)| a.to_bits() == b.to_bits()),
                 "{name}: {slots} slots changed the output"
             );
             if slots < total {
@@ -327,7 +343,10 @@ fn real_head_sizes_from_a_streamed_container_match_the_reference() {
         let mut g = cuda(&model, slots, 32);
         let mut st = model.new_state();
         let (p, d) = tokens.split_at(60);
-        let mut got = g.forward(&mut st, p, Logits::All).expect("prefill").to_vec();
+        let mut got = g
+            .forward(&mut st, p, Logits::All)
+            .expect("prefill")
+            .to_vec();
         for &tok in d {
             got.extend_from_slice(g.forward(&mut st, &[tok], Logits::All).expect("decode"));
         }

@@ -192,7 +192,10 @@ fn mean_sd(v: &[f64]) -> (f64, f64) {
 fn run_one(a: &Args) -> Result<Row> {
     // The GPU's own bandwidths, before the model takes its memory.
     let gpu_bw = if a.model.backend == "cuda" {
-        Some(brook_cuda::gpu::Gpu::open(0, None).and_then(|g| brook_cuda::gpu::measure_bandwidth(&g))?)
+        Some(
+            brook_cuda::gpu::Gpu::open(0, None)
+                .and_then(|g| brook_cuda::gpu::measure_bandwidth(&g))?,
+        )
     } else {
         None
     };
@@ -427,7 +430,9 @@ fn print_tables(rows: &[Row]) {
             "| model | GPU budget | slots | pp{} t/s | TTFT (s) | tg{} t/s | hit rate | GB copied/token | syncs/token | HBM GB/s | H2D GB/s | limit tok/s | tg / limit |",
             rows[0].n_prompt, rows[0].n_gen
         );
-        println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+        println!(
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+        );
         for r in rows {
             if let Some(g) = &r.gpu {
                 println!(

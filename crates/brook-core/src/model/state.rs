@@ -116,11 +116,11 @@ impl SeqState {
     /// Brings a device-held state back into `layers` and lets go of the device copy, so the
     /// CPU paths can continue the sequence.
     pub fn sync_host(&mut self) -> Result<()> {
-        if let Some(d) = self.device.take() {
-            if let Err(e) = d.download(&mut self.layers, self.pos) {
-                self.device = Some(d);
-                return Err(e);
-            }
+        if let Some(d) = self.device.take()
+            && let Err(e) = d.download(&mut self.layers, self.pos)
+        {
+            self.device = Some(d);
+            return Err(e);
         }
         Ok(())
     }
