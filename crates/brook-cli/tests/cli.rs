@@ -216,3 +216,41 @@ fn every_command_help_names_its_flags_and_shows_an_example() {
         );
     }
 }
+
+/// `--backend cuda`: a clear GPU error where there is no GPU (CI), greedy tokens equal to the
+/// CPU's where there is one.
+#[test]
+fn backend_cuda_runs_or_says_why_not() {
+    let run = |backend: &str| {
+        brook()
+            .args(["generate", "--json", "--model"])
+            .arg(fixture("next-q4"))
+            .args([
+                "--prompt-tokens",
+                "1,2,3",
+                "--max-tokens",
+                "4",
+                "--temperature",
+                "0",
+            ])
+            .args(["--backend", backend])
+            .output()
+            .expect("run")
+    };
+    let out = run("cuda");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    if out.status.success() {
+        let cpu = run("cpu");
+        let tokens = |o: &std::process::Output| {
+            serde_json::from_slice::<serde_json::Value>(&o.stdout).expect("json")["tokens"].clone()
+        };
+        assert_eq!(tokens(&out), tokens(&cpu));
+    } else {
+        assert_eq!(out.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("GPU: ") && err.contains("--backend cpu"),
+            "{err}"
+        );
+    }
+}
