@@ -2,7 +2,8 @@
 //!
 //! Owns the block's scratch ([`MoeScratch`], sized once) and its schedule: for one token,
 //! three pool jobs (router + shared gate/up; routed gate/up; every expert's down projection
-//! with the weighted sum done per output row); for a chunk, each needed expert runs once on
+//! with the weighted sum done per output row; with streamed experts the router runs alone
+//! first so the reads overlap the shared expert and the experts that landed); for a chunk, each needed expert runs once on
 //! the tokens routed to it. Experts are fetched once per call through
 //! [`ExpertSource::fetch_into`] into a reserved vector. It must not allocate in the one-token
 //! path or index packed bytes. Mirrors [`crate::model::moe::forward`] (routes are identical;
@@ -146,31 +147,59 @@ fn decode(
     );
     let i_w = cfg.moe_intermediate_size;
     let sh = w.shared_expert.view();
+    // Streamed experts: route first so the reads start, then compute the shared expert's
+    // gate and up while they are in flight, and each routed expert as soon as it lands.
+    // Resident experts: one job for the router and the shared expert.
+    let streaming = experts.capacity() < cfg.num_hidden_layers * e_n;
     {
-        let hg_s = &mut s.hg[k * width..];
-        let hu_s = &mut s.hu[k * width..];
-        ex.linears(
-            x,
-            1,
-            &mut s.xs,
-            &mut [
-                (w.gate.view(), &mut s.router[..e_n]),
-                (sh.gate_proj, &mut hg_s[..is]),
-                (sh.up_proj, &mut hu_s[..is]),
-                (w.shared_expert_gate.view(), &mut s.sgate[..1]),
-            ],
-        )?;
-    }
-    route_top_k(
-        &mut s.router[..e_n],
-        cfg.norm_topk_prob,
-        &mut s.sel[..k],
-        &mut s.wts[..k],
-    );
-    s.handles.clear();
-    experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
-    for hd in &s.handles {
-        hd.wait()?;
+        let (hg_s, hu_s) = (&mut s.hg[k * width..], &mut s.hu[k * width..]);
+        let (router, sgate) = (&mut s.router[..e_n], &mut s.sgate[..1]);
+        if streaming {
+            ex.linears(
+                x,
+                1,
+                &mut s.xs,
+                &mut [
+                    (w.gate.view(), router),
+                    (w.shared_expert_gate.view(), sgate),
+                ],
+            )?;
+        } else {
+            ex.linears(
+                x,
+                1,
+                &mut s.xs,
+                &mut [
+                    (w.gate.view(), router),
+                    (w.shared_expert_gate.view(), sgate),
+                    (sh.gate_proj, &mut hg_s[..is]),
+                    (sh.up_proj, &mut hu_s[..is]),
+                ],
+            )?;
+        }
+        route_top_k(
+            &mut s.router[..e_n],
+            cfg.norm_topk_prob,
+            &mut s.sel[..k],
+            &mut s.wts[..k],
+        );
+        s.handles.clear();
+        experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
+        if streaming {
+            ex.linears(
+                x,
+                1,
+                &mut s.xs,
+                &mut [
+                    (sh.gate_proj, &mut hg_s[..is]),
+                    (sh.up_proj, &mut hu_s[..is]),
+                ],
+            )?;
+        } else {
+            for hd in &s.handles {
+                hd.wait()?;
+            }
+        }
     }
     if s.handles.len() != k {
         return Err(Error::Invalid(format!(
@@ -194,12 +223,22 @@ fn decode(
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
         let (handles, prep) = (&s.handles, &s.xs.prep);
         // Units: (slot, block of 32 rows) of gate and up together.
+        // Units are claimed in slot order, so a thread waiting for a streamed expert holds
+        // up only that expert's rows.
         let per = i_w.div_ceil(32);
         let chunks = Chunks::new(handles.len() * per, 1);
+        let failed = std::sync::Mutex::new(None::<Error>);
         ex.pool.run(&|_| {
             while let Some(units) = chunks.claim() {
                 let (slot, r0) = (units.start / per, units.start % per * 32);
                 let rows = r0..(r0 + 32).min(i_w);
+                if let Err(e) = handles[slot].wait() {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(e);
+                    continue;
+                }
                 let v = handles[slot].view();
                 let at = slot * width;
                 // SAFETY: each unit is claimed once, so its rows of this slot are ours.
@@ -213,6 +252,9 @@ fn decode(
                 matvec_rows(level, &v.up_proj, prep, u, rows);
             }
         });
+        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            return Err(e);
+        }
     }
     for slot in 0..=k {
         let wd = if slot < k { i_w } else { is };
