@@ -100,14 +100,8 @@ impl Scratch {
     fn new(gpu: &Arc<Gpu>, cfg: &ModelConfig, c: usize) -> Result<Scratch> {
         let f = |n: usize, what: &str| gpu.alloc(n * 4, what);
         let h = cfg.hidden_size;
-        let (nk, nv, dk, dv) = (
-            cfg.linear_num_key_heads,
-            cfg.linear_num_value_heads,
-            cfg.linear_key_head_dim,
-            cfg.linear_value_head_dim,
-        );
+        let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
         let cd = cfg.conv_dim();
-        let _ = (nk, dk);
         let (nq, nkv, hd) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -162,36 +156,6 @@ impl Scratch {
             logits: f(cfg.vocab_size, "logits")?,
             inv_freq: gpu.upload(&inv, "RoPE frequencies")?,
         })
-    }
-
-    /// GPU bytes `Scratch::new` takes for chunks of `c` (for planning).
-    fn bytes(cfg: &ModelConfig, c: usize) -> u64 {
-        let h = cfg.hidden_size;
-        let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
-        let (nq, nkv, hd) = (
-            cfg.num_attention_heads,
-            cfg.num_key_value_heads,
-            cfg.head_dim,
-        );
-        let (e, k, i) = (
-            cfg.num_experts,
-            cfg.num_experts_per_tok,
-            cfg.moe_intermediate_size,
-        );
-        let is = cfg.shared_expert_intermediate_size;
-        let per = 4 * h
-            + 2 * cfg.conv_dim()
-            + 3 * nv * dv
-            + 4 * nv
-            + nq * hd * 5
-            + 2 * nkv * hd
-            + e
-            + 3 * k
-            + k * 3 * i
-            + k * h
-            + 3 * is
-            + 1;
-        ((c * per + 3 * e + cfg.vocab_size + 4) * 4) as u64 + (1 << 20)
     }
 }
 
@@ -455,11 +419,6 @@ impl CudaModel {
         })
     }
 
-    /// GPU bytes planned before the expert slots (dense core, scratch): for reports.
-    pub fn planned_bytes(cfg: &ModelConfig, dense: u64, opts: &CudaOptions) -> u64 {
-        dense + Scratch::bytes(cfg, opts.max_chunk) + DeviceSeq::bytes(cfg, opts.context)
-    }
-
     /// Expert cache counters.
     pub fn cache_stats(&self) -> GpuCacheStats {
         self.experts.stats
@@ -590,41 +549,6 @@ impl CudaModel {
 
     fn linear(&self, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()> {
         ops::linear(&self.gpu, m1, m2, t, x, y)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn qmv(
-        &self,
-        m1: Mat,
-        m2: Mat,
-        tab: u64,
-        sel: u64,
-        xdiv: i32,
-        nvec: usize,
-        x: u64,
-        y: u64,
-    ) -> Result<()> {
-        ops::qmv(&self.gpu, m1, m2, tab, sel, xdiv, nvec, x, y)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn qmm(
-        &self,
-        m1: Mat,
-        m2: Mat,
-        tab: u64,
-        counts: u64,
-        offs: u64,
-        pairs: u64,
-        xdiv: i32,
-        t: usize,
-        x: u64,
-        y: u64,
-        groups: usize,
-    ) -> Result<()> {
-        ops::qmm(
-            &self.gpu, m1, m2, tab, counts, offs, pairs, xdiv, t, x, y, groups,
-        )
     }
 
     fn norm(&self, x: u64, d: u64, w: u64, out: u64, rows: usize) -> Result<()> {
@@ -1056,9 +980,9 @@ impl CudaModel {
                 ids.dedup();
                 self.experts.prepare(&self.model, layer, &ids)?;
             }
-            self.qmv(m.gate, m.up, tab, sel, k as i32, k, normed, gu)?;
+            ops::qmv(&self.gpu, m.gate, m.up, tab, sel, k as i32, k, normed, gu)?;
             self.swiglu(gu, hb, k, i)?;
-            self.qmv(m.down, Mat::NONE, tab, sel, 1, k, hb, ey)?;
+            ops::qmv(&self.gpu, m.down, Mat::NONE, tab, sel, 1, k, hb, ey)?;
         } else {
             let (counts, offs, fill, pairs) = (
                 self.s.counts.ptr,
@@ -1106,11 +1030,24 @@ impl CudaModel {
                 if !self.experts.resident {
                     self.experts.prepare(&self.model, layer, ids)?;
                 }
-                self.qmm(
-                    m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e,
+                ops::qmm(
+                    &self.gpu, m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e,
                 )?;
                 self.swiglu(gu, hb, t * k, i)?;
-                self.qmm(m.down, Mat::NONE, tab, counts, offs, pairs, 1, t, hb, ey, e)?;
+                ops::qmm(
+                    &self.gpu,
+                    m.down,
+                    Mat::NONE,
+                    tab,
+                    counts,
+                    offs,
+                    pairs,
+                    1,
+                    t,
+                    hb,
+                    ey,
+                    e,
+                )?;
             }
         }
         let mut a = Args::new();
