@@ -437,14 +437,7 @@ impl CudaModel {
     ) -> Result<&[f32]> {
         self.gpu.bind()?;
         let (v, c) = (self.cfg().vocab_size, self.opts.max_chunk);
-        if tokens.is_empty() {
-            return Err(Error::Invalid("forward needs at least one token".into()));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::Invalid(format!(
-                "token id {bad} is out of range for a vocabulary of {v}"
-            )));
-        }
+        brook_core::model::check_tokens(tokens, v)?;
         if state.pos + tokens.len() > self.opts.context {
             return Err(Error::Invalid(format!(
                 "context full: {} + {} tokens exceed the context of {} (open with a larger --context)",
@@ -462,11 +455,7 @@ impl CudaModel {
             let d = DeviceSeq::from_host(&self.gpu, &self.model.cfg, state, self.opts.context)?;
             state.device = Some(Box::new(d));
         }
-        let n_logits = match want {
-            Logits::All => tokens.len() * v,
-            Logits::Last => v,
-            Logits::None => 0,
-        };
+        let n_logits = want.len(tokens.len(), v);
         if self.logits.len() < n_logits {
             self.logits.resize(n_logits, 0.0);
         }

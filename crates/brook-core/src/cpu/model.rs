@@ -207,21 +207,10 @@ impl<'m> CpuModel<'m> {
     ) -> Result<&[f32]> {
         let cfg = &self.model.cfg;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        if tokens.is_empty() {
-            return Err(Error::Invalid("forward needs at least one token".into()));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::Invalid(format!(
-                "token id {bad} is out of range for a vocabulary of {v}"
-            )));
-        }
+        crate::model::check_tokens(tokens, v)?;
         state.sync_host()?;
         self.check_state(state)?;
-        let n_logits = match want {
-            Logits::All => tokens.len() * v,
-            Logits::Last => v,
-            Logits::None => 0,
-        };
+        let n_logits = want.len(tokens.len(), v);
         if self.logits.len() < n_logits {
             self.logits.resize(n_logits, 0.0);
         }

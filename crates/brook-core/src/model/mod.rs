@@ -36,6 +36,30 @@ pub enum Logits {
     None,
 }
 
+impl Logits {
+    /// Floats returned for `t` tokens of a vocabulary of `v`.
+    pub fn len(self, t: usize, v: usize) -> usize {
+        match self {
+            Logits::All => t * v,
+            Logits::Last => v,
+            Logits::None => 0,
+        }
+    }
+}
+
+/// The tokens every forward pass accepts: at least one, each inside the vocabulary.
+pub fn check_tokens(tokens: &[u32], vocab: usize) -> Result<()> {
+    if tokens.is_empty() {
+        return Err(Error::Invalid("forward needs at least one token".into()));
+    }
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(Error::Invalid(format!(
+            "token id {bad} is out of range for a vocabulary of {vocab}"
+        )));
+    }
+    Ok(())
+}
+
 /// Intermediate values reported to a trace callback during a forward call.
 #[derive(Debug)]
 pub enum Stage<'a> {
@@ -166,14 +190,7 @@ impl Model {
     ) -> Result<Vec<f32>> {
         let cfg = &self.cfg;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        if tokens.is_empty() {
-            return Err(Error::Invalid("forward needs at least one token".into()));
-        }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= v) {
-            return Err(Error::Invalid(format!(
-                "token id {bad} is out of range for a vocabulary of {v}"
-            )));
-        }
+        check_tokens(tokens, v)?;
         let t = tokens.len();
         let mut x = vec![0.0; t * h];
         for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
