@@ -68,6 +68,7 @@ pub fn run(a: Args) -> Result<()> {
         prefetch: false,
         backend: "cpu".into(),
         threads: a.threads.into_iter().collect(),
+        precision: "exact".into(),
     };
     let model = brook_core::Model::open_with(&dir, &args.options()?)?;
     let mut runner = super::Runner::new(&model, &args)?;
