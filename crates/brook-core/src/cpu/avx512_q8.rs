@@ -1,8 +1,8 @@
 //! AVX-512 VNNI kernels of [`super::qmatvec::Precision::Fast`]: 4-bit rows times activations
 //! quantized to int8 per 32-element block (as llama.cpp's Q8 activations), with `vpdpbusd`.
 //!
-//! Owns the int8 preparation of one 32-element block (`q8_chunk`), the four-row and one-row
-//! kernels and their row loop. The unsigned nibbles q ∈ [0, 15] and the signed bytes X feed
+//! Owns the int8 preparation of one 32-element block (`q8_chunk`), the one-row kernel and its
+//! row loop. The unsigned nibbles q ∈ [0, 15] and the signed bytes X feed
 //! `vpdpbusd` as they are: one instruction per 64 products, two per 64 weight bytes (Split24
 //! needs six). No allocation, no shape checks (callers checked them). Lossy: it mirrors the
 //! f32 kernels in `avx512.rs` up to the int8 rounding of x, which the tests bound.
@@ -12,9 +12,6 @@ use std::ops::Range;
 
 use super::avx512::{_mm512_div_lanes, affine_rows, dot_w_vec, prefetch_row, warm_rows, widen};
 use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
-
-/// Groups per row up to which four rows are done at once (their scales widened side by side).
-const QUAD_GROUPS: usize = 256;
 
 /// Int8 activations of 32 elements: d = max|x| / 127, X = round(x / d) ∈ [−127, 127]. The even
 /// elements go to `out[0..16]`, the odd ones to `out[64..80]`; byte t of 4j.. is element
@@ -66,32 +63,13 @@ pub(super) unsafe fn affine_rows_q8(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], r
     let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
     let (start, end) = (rows.start, rows.end);
     warm_rows(a, start, end);
-    let mut r = start;
-    if a.groups() <= QUAD_GROUPS {
-        let mut sb = [[0.0f32; QUAD_GROUPS + SCALE_PAD]; 4];
-        while r + 4 <= end {
-            for i in 0..4 {
-                prefetch_row(a, r + i, end);
-            }
-            // SAFETY: `check` sized the rows' bytes; XPrep sized qx, lane_d and sums for a.n.
-            unsafe {
-                let rows4: [(&[u8], &[u8], &[u8]); 4] = std::array::from_fn(|i| a.row(r + i));
-                for (i, (_, sc, _)) in rows4.iter().enumerate() {
-                    widen(a.float, sc.as_ptr(), &mut sb[i][..a.groups()]);
-                }
-                let p4 = std::array::from_fn(|i| rows4[i].0.as_ptr());
-                let s4 = std::array::from_fn(|i| sb[i].as_ptr());
-                let tot = q4_q8_rows::<4>(p4, a.n, s4, qx.as_ptr(), lane_d.as_ptr(), g, idx);
-                for i in 0..4 {
-                    let bias = dot_w_vec(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups());
-                    y[r - start + i] = _mm512_reduce_add_ps(_mm512_add_ps(bias, tot[i]));
-                }
-            }
-            r += 4;
-        }
-    }
+    // One row at a time: four rows sharing each block's activations (as Split24 does) ran
+    // the 35B decode at 8.9-9.7 tok/s against 10.2-10.6 one row at a time, and the head
+    // matvec at 15.8-17.6 against 19.1-21.1 GiB/s (2 threads, back to back, read 28-29 GiB/s):
+    // streaming rows from DRAM, four interleaved 1 KiB streams defeat the prefetchers, and
+    // the int8 activations are only two loads per block.
     let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
-    for (yr, r) in y[r - start..].iter_mut().zip(r..end) {
+    for (yr, r) in y.iter_mut().zip(start..end) {
         prefetch_row(a, r, end);
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized qx, lane_d and sums for a.n.
@@ -102,45 +80,45 @@ pub(super) unsafe fn affine_rows_q8(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], r
                 let e0 = g0 * g;
                 widen(a.float, s.as_ptr().add(g0 * fs), &mut sbuf[..ng]);
                 sbuf[ng..ng + SCALE_PAD].fill(0.0);
-                let part = q4_q8_rows::<1>(
-                    [p.as_ptr().add(e0 / 2)],
+                let part = q4_q8_row(
+                    p.as_ptr().add(e0 / 2),
                     ng * g,
-                    [sbuf.as_ptr()],
+                    sbuf.as_ptr(),
                     qx.as_ptr().add(e0),
                     lane_d.as_ptr().add(e0 / 8),
                     g,
                     idx,
                 );
-                tot = _mm512_add_ps(tot, part[0]);
+                tot = _mm512_add_ps(tot, part);
             }
             *yr = _mm512_reduce_add_ps(tot);
         }
     }
 }
 
-/// Σ_i s_{g(i)} q_i x̃_i per lane for R rows sharing each block's int8 activations (loaded
-/// once for all R rows). Per 128-element block: the rows' 64 weight bytes, `vpdpbusd` of the
-/// low nibbles with the even bytes and the high nibbles with the odd ones (lane j = word j,
-/// 8 products, |Σ| ≤ 8·15·127), then ·d (per lane) ·s (per lane's group) in f32.
+/// Σ_i s_{g(i)} q_i x̃_i per lane for one row. Per 128-element block: the row's 64 weight
+/// bytes, `vpdpbusd` of the low nibbles with the even bytes and the high nibbles with the odd
+/// ones (lane j = word j, 8 products, |Σ| ≤ 8·15·127), then ·d (per lane) ·s (per lane's
+/// group) in f32.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_q8_rows<const R: usize>(
-    p: [*const u8; R],
+unsafe fn q4_q8_row(
+    p: *const u8,
     n: usize,
-    s: [*const f32; R],
+    s: *const f32,
     qx: *const i8,
     lane_d: *const f32,
     g: usize,
     idx: __m512i,
-) -> [__m512; R] {
-    // SAFETY: each p[i] holds n/2 bytes, each s[i] n/g + 16 floats; qx 128 bytes and lane_d
-    // 16 floats per 128-element block (rounded up).
+) -> __m512 {
+    // SAFETY: p holds n/2 bytes, s n/g + 16 floats; qx 128 bytes and lane_d 16 floats per
+    // 128-element block (rounded up).
     unsafe {
         let nib = _mm512_set1_epi8(0x0F);
         let z = _mm512_setzero_si512();
         let gs = g.trailing_zeros();
         let nw = n / 8;
-        let mut tot = [_mm512_setzero_ps(); R];
+        let mut tot = _mm512_setzero_ps();
         let mut blk = 0;
         while blk * 16 < nw {
             let rem = nw - blk * 16;
@@ -154,16 +132,16 @@ unsafe fn q4_q8_rows<const R: usize>(
                 _mm512_loadu_si512(xb as *const _),
                 _mm512_loadu_si512(xb.add(64) as *const _),
             );
-            let dl = _mm512_loadu_ps(lane_d.add(blk * 16));
-            for i in 0..R {
-                let w = _mm512_maskz_loadu_epi32(m, p[i].add(blk * 64) as *const i32);
-                let lo = _mm512_and_si512(w, nib);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
-                let acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ev), hi, od);
-                let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s[i].add((blk * 128) >> gs)));
-                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), dl);
-                tot[i] = _mm512_fmadd_ps(f, sv, tot[i]);
-            }
+            let w = _mm512_maskz_loadu_epi32(m, p.add(blk * 64) as *const i32);
+            let lo = _mm512_and_si512(w, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
+            let acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ev), hi, od);
+            let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s.add((blk * 128) >> gs)));
+            let f = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(acc),
+                _mm512_loadu_ps(lane_d.add(blk * 16)),
+            );
+            tot = _mm512_fmadd_ps(f, sv, tot);
             blk += 1;
         }
         tot
