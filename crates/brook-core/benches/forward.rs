@@ -128,13 +128,15 @@ fn main() -> Result<()> {
     );
     let list = std::env::var("BROOK_BENCH_PRECISION").unwrap_or_else(|_| "f32".into());
     let tokens: Vec<u32> = (0..prompt as u32).map(|i| (i * 7919) % 200_000).collect();
+    let parse = |name: &str| match name {
+        "split24" => Precision::Split24,
+        "fast" => Precision::Fast,
+        _ => Precision::F32,
+    };
+    let first_precision = parse(list.split(',').next().unwrap_or(""));
     let mut first: Option<Run> = None;
     for name in list.split(',') {
-        let precision = match name {
-            "split24" => Precision::Split24,
-            "fast" => Precision::Fast,
-            _ => Precision::F32,
-        };
+        let precision = parse(name);
         let opts = CpuOptions {
             threads,
             max_chunk: 512,
@@ -187,6 +189,26 @@ fn main() -> Result<()> {
         }
         if first.is_none() {
             first = Some(run);
+        } else {
+            let mut exact = CpuModel::new(
+                &model,
+                CpuOptions {
+                    precision: first_precision,
+                    ..opts
+                },
+            )?;
+            let a = step_agreement(&mut exact, &mut cpu, &tokens, decode.min(16))?;
+            println!(
+                "  one step from the same state ({} steps along the {list_first} greedy path): logits rel L2 mean {:.2e} max {:.2e}; greedy token same {}/{}; expert sets changed {}/{} (layer, step)",
+                a.steps,
+                a.mean,
+                a.max,
+                a.same,
+                a.steps,
+                a.changed,
+                a.sets,
+                list_first = list.split(',').next().unwrap_or("")
+            );
         }
     }
     println!(
@@ -194,6 +216,76 @@ fn main() -> Result<()> {
         read_bandwidth(threads)
     );
     Ok(())
+}
+
+/// How one decode step of another precision compares with the first, both from the same
+/// state (so errors do not compound over steps, and on random weights over routing flips).
+struct Agreement {
+    steps: usize,
+    mean: f64,
+    max: f64,
+    same: usize,
+    changed: usize,
+    sets: usize,
+}
+
+/// Prefills `tokens` on `exact`, then for `steps` greedy steps runs one step of `other` from
+/// a copy of the same state and compares logits, argmax and every layer's expert set.
+fn step_agreement(
+    exact: &mut CpuModel<'_>,
+    other: &mut CpuModel<'_>,
+    tokens: &[u32],
+    steps: usize,
+) -> Result<Agreement> {
+    let mut st = exact.new_state(tokens.len() + steps + 8);
+    let mut next = argmax(exact.forward(&mut st, tokens, Logits::Last)?);
+    let mut a = Agreement {
+        steps,
+        mean: 0.0,
+        max: 0.0,
+        same: 0,
+        changed: 0,
+        sets: 0,
+    };
+    for _ in 0..steps {
+        let mut copy = st.clone();
+        let (lo, ro) = traced_step(other, &mut copy, next)?;
+        let (le, re) = traced_step(exact, &mut st, next)?;
+        let e = rel_l2(&lo, &le);
+        a.mean += e / steps as f64;
+        a.max = a.max.max(e);
+        a.same += usize::from(argmax(&lo) == argmax(&le));
+        a.changed += ro.iter().zip(&re).filter(|(x, y)| x != y).count();
+        a.sets += re.len();
+        next = argmax(&le);
+    }
+    Ok(a)
+}
+
+/// One traced decode step: (logits, sorted expert set per layer).
+fn traced_step(
+    cpu: &mut CpuModel<'_>,
+    st: &mut brook_core::model::state::SeqState,
+    tok: u32,
+) -> Result<(Vec<f32>, Vec<Vec<usize>>)> {
+    let mut routes = Vec::new();
+    let l = cpu
+        .forward_traced(
+            st,
+            &[tok],
+            Logits::Last,
+            Some(&mut |s: Stage<'_>| {
+                if let Stage::Routes(_, r) = s {
+                    for rt in r {
+                        let mut e = rt.experts.clone();
+                        e.sort_unstable();
+                        routes.push(e);
+                    }
+                }
+            }),
+        )?
+        .to_vec();
+    Ok((l, routes))
 }
 
 /// What one precision's run produced.
