@@ -5,10 +5,11 @@
 //! source hands out its i-th resident expert for the i-th id asked, so every decode step reads
 //! 8 distinct experts per layer, the same bytes as the real model (working set ≫ L3), while
 //! the box needs ~2 GB instead of 20. Weights bytes per decoded token are printed beside the
-//! speed, so GB/s = bytes × tok/s. Run: `cargo bench -p brook-core --bench forward`
-//! (env BROOK_BENCH_THREADS, BROOK_BENCH_PROMPT, BROOK_BENCH_DECODE, BROOK_BENCH_PRECISION, a list of f32, split24, fast
-//! run back to back in one process; each later one is compared with the first: logits,
-//! greedy tokens on the same inputs, expert sets of the prompt).
+//! speed, so GB/s = bytes × tok/s, and beside the memory read bandwidth measured in the same
+//! run. Run: `cargo bench -p brook-core --bench forward` (env BROOK_BENCH_THREADS,
+//! BROOK_BENCH_PROMPT, BROOK_BENCH_DECODE, and BROOK_BENCH_PRECISION: a list of f32, split24,
+//! fast run back to back in one process; each later one is compared with the first, over the
+//! whole run (errors compound) and one decode step at a time from the same state).
 
 use std::sync::Arc;
 use std::time::Instant;
