@@ -237,3 +237,26 @@ fn fast_forward_agrees_with_the_exact_path_on_every_fixture() {
         );
     }
 }
+
+/// A NaN in the input reaches every output, as on the exact path (through its block's int8
+/// scale and through the exact Σx of the bias term).
+#[test]
+fn fast_matvec_propagates_nan() {
+    if !SimdLevel::has_vnni() {
+        return;
+    }
+    let mut rng = Rng::new(13);
+    let fmt = Format::Affine {
+        bits: 4,
+        group: 64,
+        float: DType::BF16,
+    };
+    let w = random_linear(&mut rng, 8, 256, fmt);
+    let mut x = rng.vec(256, 1.0);
+    x[77] = f32::NAN;
+    let mut xp = XPrep::new();
+    xp.prepare_with(SimdLevel::Avx512, Precision::Fast, &x);
+    let mut y = vec![0.0; 8];
+    matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..8);
+    assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+}

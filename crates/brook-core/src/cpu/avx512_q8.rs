@@ -15,7 +15,8 @@ use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
 
 /// Int8 activations of 32 elements: d = max|x| / 127, X = round(x / d) ∈ [−127, 127]. The even
 /// elements go to `out[0..16]`, the odd ones to `out[64..80]`; byte t of 4j.. is element
-/// 8j + 2t (+1 for odd), matching the low and high nibbles of packed word j. Returns d.
+/// 8j + 2t (+1 for odd), matching the low and high nibbles of packed word j. Returns d (NaN
+/// when the block holds a NaN or an infinity).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn q8_chunk(x: &[f32], out: &mut [i8]) -> f32 {
     assert!(x.len() >= 32 && out.len() >= 80);
@@ -26,7 +27,11 @@ pub(super) unsafe fn q8_chunk(x: &[f32], out: &mut [i8]) -> f32 {
             _mm512_loadu_ps(x.as_ptr().add(16)),
         );
         let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        let (d, inv) = if max > 0.0 && max.is_finite() {
+        // A NaN or infinity in the block makes d NaN, so the outputs turn NaN as the f32
+        // kernels' would, instead of the block silently counting as zero.
+        let (d, inv) = if !max.is_finite() {
+            (f32::NAN, 0.0)
+        } else if max > 0.0 {
             (max / 127.0, 127.0 / max)
         } else {
             (0.0, 0.0)
