@@ -118,8 +118,12 @@ fn matvec(c: &mut Criterion) {
         let split = name.starts_with("q4") && SimdLevel::has_vnni();
         for &t in threads {
             let pool = CpuPool::new(t);
-            for (p, pname) in [(Precision::F32, "f32"), (Precision::Split24, "split24")] {
-                if p == Precision::Split24 && !split {
+            for (p, pname) in [
+                (Precision::F32, "f32"),
+                (Precision::Split24, "split24"),
+                (Precision::Fast, "fast"),
+            ] {
+                if p != Precision::F32 && !split {
                     continue;
                 }
                 g.bench_function(format!("{name}/{}/{pname}/{t}t", level.name()), |b| {

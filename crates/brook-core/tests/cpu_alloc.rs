@@ -48,7 +48,7 @@ fn decode_step_allocates_nothing_after_warm_up() {
     for name in MODELS {
         let model = Model::open(&fixture(name)).expect("open");
         let tokens = Reference::open(name).ids("tokens");
-        for precision in [Precision::F32, Precision::Split24] {
+        for precision in [Precision::F32, Precision::Split24, Precision::Fast] {
             let opts = CpuOptions {
                 threads: 2,
                 max_chunk: 32,

@@ -44,6 +44,9 @@ pub struct Row {
     pub model_bytes: u64,
     pub budget_bytes: Option<u64>,
     pub threads: usize,
+    /// `--precision` of the run (exact, split24, fast).
+    #[serde(default)]
+    pub precision: String,
     pub prefetch: bool,
     pub expert_slots: Option<usize>,
     pub n_prompt: usize,
@@ -169,6 +172,7 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     if a.model.prefetch {
         cmd.arg("--prefetch");
     }
+    cmd.args(["--precision", &a.model.precision]);
     let out = cmd.output().context("running a bench child")?;
     if !out.status.success() {
         anyhow::bail!(
@@ -336,6 +340,7 @@ fn run_one(a: &Args) -> Result<Row> {
         model_bytes,
         budget_bytes: opts.memory_budget,
         threads,
+        precision: a.model.precision.clone(),
         prefetch: opts.prefetch,
         expert_slots: model
             .experts

@@ -69,6 +69,7 @@ pub fn run(a: Args) -> Result<()> {
         backend: "cpu".into(),
         gpu_memory_budget: None,
         threads: a.threads.into_iter().collect(),
+        precision: "exact".into(),
     };
     let model = std::sync::Arc::new(brook_core::Model::open_with(&dir, &args.options()?)?);
     let mut runner = super::Runner::new(&model, &args)?;

@@ -83,7 +83,14 @@ pub struct ModelArgs {
     /// Compute threads (default: all cores). `bench` takes a list, e.g. 1,2, and sweeps it.
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
+    /// Decode arithmetic of the CPU backend: `exact` (f32, as the reference), `split24`
+    /// (exact to f32 rounding, integer dot products on AVX-512 VNNI), or `fast` (lossy: int8
+    /// activations per 32 values, as llama.cpp's Q8; see docs/BENCH.md for its agreement).
+    #[arg(long, default_value = "exact", value_parser = ["exact", "split24", "fast"])]
+    pub precision: String,
 }
+
+use brook_core::cpu::Precision;
 
 impl ModelArgs {
     /// Library open options from the flags.
@@ -119,6 +126,11 @@ impl ModelArgs {
                 .transpose()?,
             context: self.context,
             prefetch: self.prefetch,
+            precision: match self.precision.as_str() {
+                "split24" => Precision::Split24,
+                "fast" => Precision::Fast,
+                _ => Precision::F32,
+            },
             ..Default::default()
         })
     }

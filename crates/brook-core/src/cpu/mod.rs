@@ -7,7 +7,8 @@
 //! [`crate::model::state::SeqState`] as [`crate::Model::forward`].
 //!
 //! Layout: `simd` (level detection); `qmatvec` / `qmatmul` (kernels, with x86 inner loops in
-//! `avx2`, `avx512`, `avx512_split` for Split24 and `avx512_mm` for prefill tiles); `pool`
+//! `avx2`, `avx512`, `avx512_split` for Split24, `avx512_q8` for
+//! `Precision::Fast` and `avx512_mm` for prefill tiles); `pool`
 //! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
 //! pool job); `mixer`, `moe`, `model` (the forward pass).
 
@@ -18,6 +19,8 @@ mod avx2;
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_mm;
+#[cfg(target_arch = "x86_64")]
+mod avx512_q8;
 #[cfg(target_arch = "x86_64")]
 mod avx512_split;
 pub mod delta;

@@ -36,6 +36,20 @@ pub enum Precision {
     /// rounding; the fixture tests hold at the same bounds. Needs AVX-512 VNNI; elsewhere,
     /// and for widths other than 4 bits, it runs as `F32`.
     Split24,
+    /// Lossy (`--precision fast`): each 32-element block of x is rounded to int8 with its
+    /// own scale d = max|x|/127 (llama.cpp's Q8 activations), and 4-bit weights multiply it
+    /// with `vpdpbusd`, two instructions per 64 weight bytes. Scales, biases and the bias
+    /// term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a row's error is
+    /// bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX-512 VNNI; elsewhere, and for
+    /// widths other than 4 bits, it runs as `F32`.
+    Fast,
+}
+
+impl Precision {
+    /// Whether results equal [`Precision::F32`]'s up to f32 rounding (the fixture bounds).
+    pub fn is_exact(self) -> bool {
+        self != Precision::Fast
+    }
 }
 
 /// One input vector prepared for the kernels of one [`SimdLevel`].
@@ -48,9 +62,18 @@ pub struct XPrep {
     x: Vec<f32>,         // [n] as given
     lanes: Vec<f32>,     // [n rounded up to a lane block] x in 4-bit lane order (x86 only)
     sums: [Vec<f32>; 3], // [n/32], [n/64], [n/128]: Σx per group; empty when n % g ≠ 0
-    split: bool,         // `digits` and `lane_inv` are valid
-    digits: Vec<i8>,     // [n/128 blocks, 6, 64]: Split24 digits in vpdpbusd lane order
-    lane_inv: Vec<f32>,  // [n/8]: 2^-k of the 32-block of each 8-element lane
+    ints: Ints,          // what `digits` and `lane_inv` hold
+    digits: Vec<i8>,     // Split24: [n/128 blocks, 6, 64]; Fast: [n/128, 2, 64], vpdpbusd order
+    lane_inv: Vec<f32>,  // [n/8]: the scale (2^-k, or d) of each 8-element lane's 32-block
+}
+
+/// The integer form of x an [`XPrep`] holds beside the floats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Ints {
+    #[default]
+    None,
+    Split24,
+    Q8,
 }
 
 impl XPrep {
@@ -70,7 +93,7 @@ impl XPrep {
                 Vec::with_capacity(n / 64),
                 Vec::with_capacity(n / 128),
             ],
-            split: false,
+            ints: Ints::None,
             digits: Vec::with_capacity(n.div_ceil(128) * 384),
             lane_inv: Vec::with_capacity(n.div_ceil(128) * 16),
         }
@@ -83,14 +106,14 @@ impl XPrep {
 
     /// Prepares `x` for the kernels of `level` at `precision`.
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
-        self.split = false;
+        self.ints = Ints::None;
         self.fill(level, x);
-        if precision == Precision::Split24
-            && level == SimdLevel::Avx512
-            && SimdLevel::has_vnni()
-            && x.len().is_multiple_of(32)
-        {
-            self.split_digits(x);
+        if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && x.len().is_multiple_of(32) {
+            match precision {
+                Precision::Split24 => self.split_digits(x),
+                Precision::Fast => self.q8_digits(x),
+                Precision::F32 => {}
+            }
         }
     }
 
@@ -152,11 +175,37 @@ impl XPrep {
                 self.lane_inv[blk * 16 + (c % 4) * 4 + j] = inv;
             }
         }
-        self.split = true;
+        self.ints = Ints::Split24;
+    }
+
+    /// Writes x as int8 per 32-element block (see [`Precision::Fast`]): block b of 128
+    /// elements holds two 64-byte rows (even elements, odd elements) in the order of
+    /// [`XPrep::split_digits`]'s d₂ rows; `lane_inv` holds each lane's d.
+    fn q8_digits(&mut self, x: &[f32]) {
+        let blocks = x.len().div_ceil(128);
+        self.digits.clear();
+        self.digits.resize(blocks * 128, 0);
+        self.lane_inv.clear();
+        self.lane_inv.resize(blocks * 16, 0.0);
+        for (c, xc) in x.chunks_exact(32).enumerate() {
+            let at = (c / 4) * 128 + (c % 4) * 16;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called when VNNI (hence AVX-512) is present; `xc` holds 32 floats
+            // and the rows at `at` and `at + 64` hold 16 bytes each.
+            let d = unsafe { super::avx512_q8::q8_chunk(xc, &mut self.digits[at..at + 80]) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let d = 0.0;
+            self.lane_inv[c * 4..c * 4 + 4].fill(d);
+        }
+        self.ints = Ints::Q8;
     }
 
     pub(crate) fn split(&self) -> Option<(&[i8], &[f32])> {
-        self.split.then_some((&self.digits[..], &self.lane_inv[..]))
+        (self.ints == Ints::Split24).then_some((&self.digits[..], &self.lane_inv[..]))
+    }
+
+    pub(crate) fn q8(&self) -> Option<(&[i8], &[f32])> {
+        (self.ints == Ints::Q8).then_some((&self.digits[..], &self.lane_inv[..]))
     }
 
     /// The input vector.
@@ -308,6 +357,12 @@ pub fn matvec_rows(
                 // guaranteed the byte lengths.
                 SimdLevel::Avx512 if xp.split().is_some() => unsafe {
                     super::avx512_split::affine_rows_split(&a, xp, y, rows)
+                },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: VNNI is present (`q8()` is only set when it is) and `check`
+                // guaranteed the byte lengths.
+                SimdLevel::Avx512 if xp.q8().is_some() => unsafe {
+                    super::avx512_q8::affine_rows_q8(&a, xp, y, rows)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the level is supported and `check` guaranteed the byte lengths.

@@ -1,0 +1,154 @@
+//! AVX-512 VNNI kernels of [`super::qmatvec::Precision::Fast`]: 4-bit rows times activations
+//! quantized to int8 per 32-element block (as llama.cpp's Q8 activations), with `vpdpbusd`.
+//!
+//! Owns the int8 preparation of one 32-element block (`q8_chunk`), the one-row kernel and its
+//! row loop. The unsigned nibbles q ∈ [0, 15] and the signed bytes X feed
+//! `vpdpbusd` as they are: one instruction per 64 products, two per 64 weight bytes (Split24
+//! needs six). No allocation, no shape checks (callers checked them). Lossy: it mirrors the
+//! f32 kernels in `avx512.rs` up to the int8 rounding of x, which the tests bound.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::avx512::{_mm512_div_lanes, affine_rows, dot_w_vec, prefetch_row, warm_rows, widen};
+use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
+
+/// Int8 activations of 32 elements: d = max|x| / 127, X = round(x / d) ∈ [−127, 127]. The even
+/// elements go to `out[0..16]`, the odd ones to `out[64..80]`; byte t of 4j.. is element
+/// 8j + 2t (+1 for odd), matching the low and high nibbles of packed word j. Returns d (NaN
+/// when the block holds a NaN or an infinity).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn q8_chunk(x: &[f32], out: &mut [i8]) -> f32 {
+    assert!(x.len() >= 32 && out.len() >= 80);
+    // SAFETY: bounds asserted above.
+    unsafe {
+        let (a, b) = (
+            _mm512_loadu_ps(x.as_ptr()),
+            _mm512_loadu_ps(x.as_ptr().add(16)),
+        );
+        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        // A NaN or infinity in the block makes d NaN, so the outputs turn NaN as the f32
+        // kernels' would, instead of the block silently counting as zero.
+        let (d, inv) = if !max.is_finite() {
+            (f32::NAN, 0.0)
+        } else if max > 0.0 {
+            (max / 127.0, 127.0 / max)
+        } else {
+            (0.0, 0.0)
+        };
+        let m = _mm512_set1_ps(inv);
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+        for (idx, off) in [(even, 0), (odd, 64)] {
+            let v = _mm512_permutex2var_ps(a, idx, b);
+            let q = _mm512_cvtps_epi32(_mm512_mul_ps(v, m));
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(off) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q),
+            );
+        }
+        d
+    }
+}
+
+/// Affine 4-bit rows with int8 activations; other widths go to [`affine_rows`] (f32).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn affine_rows_q8(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows: Range<usize>) {
+    let Some((qx, lane_d)) = xp.q8() else {
+        // SAFETY: same contract as ours.
+        return unsafe { affine_rows(a, xp, y, rows) };
+    };
+    if a.bits != 4 {
+        // SAFETY: same contract as ours.
+        return unsafe { affine_rows(a, xp, y, rows) };
+    }
+    let (g, fs) = (a.group, a.float.size());
+    let sums = xp.sums(g);
+    // SAFETY: the level's features are enabled in this function.
+    let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
+    let (start, end) = (rows.start, rows.end);
+    warm_rows(a, start, end);
+    // One row at a time: four rows sharing each block's activations (as Split24 does) ran
+    // the 35B decode at 8.9-9.7 tok/s against 10.2-10.6 one row at a time, and the head
+    // matvec at 15.8-17.6 against 19.1-21.1 GiB/s (2 threads, back to back, read 28-29 GiB/s):
+    // streaming rows from DRAM, four interleaved 1 KiB streams defeat the prefetchers, and
+    // the int8 activations are only two loads per block.
+    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
+    for (yr, r) in y.iter_mut().zip(start..end) {
+        prefetch_row(a, r, end);
+        let (p, s, b) = a.row(r);
+        // SAFETY: `check` sized the row's bytes; XPrep sized qx, lane_d and sums for a.n.
+        unsafe {
+            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
+            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
+                let ng = SEG_GROUPS.min(a.groups() - g0);
+                let e0 = g0 * g;
+                widen(a.float, s.as_ptr().add(g0 * fs), &mut sbuf[..ng]);
+                sbuf[ng..ng + SCALE_PAD].fill(0.0);
+                let part = q4_q8_row(
+                    p.as_ptr().add(e0 / 2),
+                    ng * g,
+                    sbuf.as_ptr(),
+                    qx.as_ptr().add(e0),
+                    lane_d.as_ptr().add(e0 / 8),
+                    g,
+                    idx,
+                );
+                tot = _mm512_add_ps(tot, part);
+            }
+            *yr = _mm512_reduce_add_ps(tot);
+        }
+    }
+}
+
+/// Σ_i s_{g(i)} q_i x̃_i per lane for one row. Per 128-element block: the row's 64 weight
+/// bytes, `vpdpbusd` of the low nibbles with the even bytes and the high nibbles with the odd
+/// ones (lane j = word j, 8 products, |Σ| ≤ 8·15·127), then ·d (per lane) ·s (per lane's
+/// group) in f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn q4_q8_row(
+    p: *const u8,
+    n: usize,
+    s: *const f32,
+    qx: *const i8,
+    lane_d: *const f32,
+    g: usize,
+    idx: __m512i,
+) -> __m512 {
+    // SAFETY: p holds n/2 bytes, s n/g + 16 floats; qx 128 bytes and lane_d 16 floats per
+    // 128-element block (rounded up).
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0F);
+        let z = _mm512_setzero_si512();
+        let gs = g.trailing_zeros();
+        let nw = n / 8;
+        let mut tot = _mm512_setzero_ps();
+        let mut blk = 0;
+        while blk * 16 < nw {
+            let rem = nw - blk * 16;
+            let m: __mmask16 = if rem >= 16 {
+                u16::MAX
+            } else {
+                ((1u32 << rem) - 1) as u16
+            };
+            let xb = qx.add(blk * 128);
+            let (ev, od) = (
+                _mm512_loadu_si512(xb as *const _),
+                _mm512_loadu_si512(xb.add(64) as *const _),
+            );
+            let w = _mm512_maskz_loadu_epi32(m, p.add(blk * 64) as *const i32);
+            let lo = _mm512_and_si512(w, nib);
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
+            let acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ev), hi, od);
+            let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s.add((blk * 128) >> gs)));
+            let f = _mm512_mul_ps(
+                _mm512_cvtepi32_ps(acc),
+                _mm512_loadu_ps(lane_d.add(blk * 16)),
+            );
+            tot = _mm512_fmadd_ps(f, sv, tot);
+            blk += 1;
+        }
+        tot
+    }
+}
