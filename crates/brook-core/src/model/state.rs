@@ -60,18 +60,26 @@ pub struct SeqState {
 }
 
 impl Clone for SeqState {
-    /// Copies device-held state on the device; if that fails the copy carries the error,
-    /// which the next use of it reports.
+    /// Copies device-held state on the device; where that fails (device memory full) the copy
+    /// is brought to the host instead, and if even that fails the copy carries the error,
+    /// which its next use reports.
     fn clone(&self) -> Self {
-        let device = self.device.as_ref().map(|d| {
-            d.duplicate().unwrap_or_else(|e| {
-                Box::new(LostState(format!("copying a sequence state failed: {e}")))
-                    as Box<dyn DeviceState>
-            })
-        });
+        let mut layers = self.layers.clone();
+        let device = match &self.device {
+            None => None,
+            Some(d) => match d.duplicate() {
+                Ok(copy) => Some(copy),
+                Err(e) => match d.download(&mut layers, self.pos) {
+                    Ok(()) => None,
+                    Err(e2) => Some(Box::new(LostState(format!(
+                        "copying a sequence state failed: {e}; reading it back failed: {e2}"
+                    ))) as Box<dyn DeviceState>),
+                },
+            },
+        };
         SeqState {
             pos: self.pos,
-            layers: self.layers.clone(),
+            layers,
             device,
         }
     }
@@ -136,5 +144,65 @@ impl SeqState {
             layers,
             device: None,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A device state whose copy fails (device memory full) and whose download writes `fill`.
+    #[derive(Debug)]
+    struct Full(Option<f32>);
+
+    impl DeviceState for Full {
+        fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+            Err(Error::Device("out of memory".into()))
+        }
+        fn download(&self, layers: &mut [LayerState], _pos: usize) -> Result<()> {
+            let fill = self.0.ok_or_else(|| Error::Device("device lost".into()))?;
+            for l in layers {
+                if let LayerState::Linear { ssm, .. } = l {
+                    ssm.iter_mut().for_each(|v| *v = fill);
+                }
+            }
+            Ok(())
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
+
+    fn state(dev: Full) -> SeqState {
+        SeqState {
+            pos: 3,
+            layers: vec![LayerState::Linear {
+                conv: vec![0.0; 2],
+                ssm: vec![0.0; 4],
+            }],
+            device: Some(Box::new(dev)),
+        }
+    }
+
+    #[test]
+    fn a_clone_that_cannot_stay_on_the_device_comes_to_the_host() {
+        let c = state(Full(Some(7.0))).clone();
+        assert!(c.device.is_none());
+        assert_eq!(c.pos, 3);
+        match &c.layers[0] {
+            LayerState::Linear { ssm, .. } => assert_eq!(ssm, &vec![7.0; 4]),
+            _ => unreachable!(),
+        }
+    }
+
+    #[test]
+    fn a_clone_that_cannot_be_copied_at_all_reports_why_when_used() {
+        let mut c = state(Full(None)).clone();
+        let e = c.sync_host().expect_err("lost");
+        let msg = e.to_string();
+        assert!(
+            msg.contains("out of memory") && msg.contains("device lost"),
+            "{msg}"
+        );
     }
 }
