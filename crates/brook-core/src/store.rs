@@ -179,10 +179,18 @@ impl Store {
             return Ok(dest);
         }
         let key = hash_hex(&serde_json::to_vec(&src.identity.files).unwrap_or_default());
-        let partial = self
-            .models_dir()
-            .join(".partial")
-            .join(format!("{folder}-{key}"));
+        let partials = self.models_dir().join(".partial");
+        let partial = partials.join(format!("{folder}-{key}"));
+        // Two processes opening the same checkpoint at once: the second waits for the first
+        // and then finds its container.
+        std::fs::create_dir_all(&partials).map_err(|e| Error::io(&partials, e))?;
+        let lock_path = partials.join(format!("{folder}-{key}.lock"));
+        let lock = std::fs::File::create(&lock_path).map_err(|e| Error::io(&lock_path, e))?;
+        lock.lock().map_err(|e| Error::io(&lock_path, e))?;
+        if is_container(&dest) && same_source(&dest, &src) {
+            write_origin(&dest, origin)?;
+            return Ok(dest);
+        }
         events(StoreEvent::Repacking {
             source: checkpoint,
             into: &dest,
@@ -190,6 +198,8 @@ impl Store {
         repack(&src, &partial, &mut |p| events(StoreEvent::Repack(p)))?;
         write_origin(&partial, origin)?;
         install(&partial, &dest)?;
+        // Whoever waits on this lock re-checks `dest` once it has it, so the file may go now.
+        let _ = std::fs::remove_file(&lock_path);
         Ok(dest)
     }
 

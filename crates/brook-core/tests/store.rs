@@ -96,3 +96,32 @@ fn pulled_names_resolve_list_and_remove() {
     let err = store.remove("org/next@v1").expect_err("already gone");
     assert!(err.to_string().contains("brook list"), "{err}");
 }
+
+#[test]
+fn opening_one_checkpoint_from_several_places_at_once_repacks_it_once() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let src = fixture("qwen35-q4");
+    let repacks = std::sync::atomic::AtomicUsize::new(0);
+    let dirs: Vec<PathBuf> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| {
+                s.spawn(|| {
+                    Store::new(home.path())
+                        .resolve(src.to_str().expect("utf8"), &mut |e| {
+                            if matches!(e, StoreEvent::Repacking { .. }) {
+                                repacks.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                            }
+                        })
+                        .expect("concurrent resolve")
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("thread"))
+            .collect()
+    });
+    assert!(dirs.iter().all(|d| d == &dirs[0]), "{dirs:?}");
+    assert_eq!(repacks.into_inner(), 1);
+    Container::open(&dirs[0]).expect("a working container");
+}
