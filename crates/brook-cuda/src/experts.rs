@@ -214,11 +214,10 @@ impl GpuExperts {
             let s = match self.free.pop() {
                 Some(s) => s,
                 None => {
-                    let (f, t, s) = self
+                    let (_, _, s) = self
                         .lfu
                         .pop_first()
                         .ok_or_else(|| Error::Invalid("no GPU expert slot left to evict".into()))?;
-                    let _ = (f, t);
                     let old = self.owner[s as usize];
                     self.slot_of[old] = NONE;
                     s

@@ -665,7 +665,6 @@ impl CudaModel {
     /// Queues embedding, every layer and the final norm for `t` staged tokens.
     fn enqueue_layers(&mut self, dev: &mut DeviceSeq, t: usize) -> Result<()> {
         let cfg = self.model.cfg.clone();
-        let h = cfg.hidden_size;
         let s = &self.s;
         let mut a = Args::new();
         a.arg(self.dense.embed).arg(s.tokens.ptr).arg(s.x.ptr);
@@ -715,7 +714,6 @@ impl CudaModel {
         }
         let s = &self.s;
         self.norm(s.x.ptr, s.delta.ptr, self.dense.norm.ptr, s.normed.ptr, t)?;
-        let _ = h;
         Ok(())
     }
 
