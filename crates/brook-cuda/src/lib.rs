@@ -8,10 +8,13 @@
 //! sequence state and the routed experts in GPU memory: all of them when the GPU budget
 //! holds them, else a cache of expert slots filled from the host by asynchronous copies.
 
+mod blocks;
 pub mod experts;
 pub mod gpu;
 pub mod model;
 pub mod ops;
+mod scratch;
+pub mod state;
 pub mod weights;
 
 pub use model::{CudaModel, CudaOptions, cuda_options, engine_maker};

@@ -1,0 +1,352 @@
+//! The blocks of one layer on the GPU, queued by [`CudaModel`]: the Gated DeltaNet mixer,
+//! gated attention with the KV cache, and the MoE block (router, top-k, shared expert and
+//! routed experts, streamed ones made resident first).
+
+use brook_core::Result;
+use brook_core::config::ModelConfig;
+
+use crate::gpu::{Args, DevBuf};
+use crate::model::CudaModel;
+use crate::ops;
+use crate::weights::Mat;
+
+impl CudaModel {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn delta_net(
+        &self,
+        cfg: &ModelConfig,
+        t: usize,
+        qkv: Mat,
+        z: Mat,
+        b: Mat,
+        am: Mat,
+        out: Mat,
+        conv_w: &DevBuf,
+        a_log: &DevBuf,
+        dt_bias: &DevBuf,
+        norm: &DevBuf,
+        conv: &DevBuf,
+        ssm: &DevBuf,
+    ) -> Result<()> {
+        let s = &self.s;
+        let g = &self.gpu;
+        let (nk, nv, dk, dv) = (
+            cfg.linear_num_key_heads as i32,
+            cfg.linear_num_value_heads as i32,
+            cfg.linear_key_head_dim as i32,
+            cfg.linear_value_head_dim as i32,
+        );
+        let cd = cfg.conv_dim() as i32;
+        let (zp, ap) = if t == 1 {
+            self.linear(qkv, z, 1, s.normed.ptr, s.qkv.ptr)?;
+            self.linear(b, am, 1, s.normed.ptr, s.b.ptr)?;
+            (s.qkv.ptr + cd as u64 * 4, s.b.ptr + nv as u64 * 4)
+        } else {
+            self.linear(qkv, Mat::NONE, t, s.normed.ptr, s.qkv.ptr)?;
+            self.linear(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
+            self.linear(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
+            self.linear(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
+            (s.z.ptr, s.a.ptr)
+        };
+        let mut a = Args::new();
+        a.arg(s.qkv.ptr)
+            .arg(conv.ptr)
+            .arg(conv_w.ptr)
+            .arg(s.conv.ptr)
+            .arg(t as i32)
+            .arg(cd)
+            .arg(cfg.linear_conv_kernel_dim as i32);
+        g.launch(
+            g.k.conv_silu,
+            ((cd as u32).div_ceil(128), 1, 1),
+            128,
+            0,
+            &mut a,
+        )?;
+        let mut a = Args::new();
+        a.arg(s.conv.ptr)
+            .arg(s.b.ptr)
+            .arg(ap)
+            .arg(a_log.ptr)
+            .arg(dt_bias.ptr)
+            .arg(s.beta.ptr)
+            .arg(s.g.ptr)
+            .arg(cd)
+            .arg(nk)
+            .arg(nv)
+            .arg(dk);
+        g.launch(g.k.delta_prep, (t as u32, 1, 1), 256, 0, &mut a)?;
+        let f = match dk {
+            32 => g.k.delta_rule_32,
+            64 => g.k.delta_rule_64,
+            128 => g.k.delta_rule_128,
+            _ => g.k.delta_rule_any,
+        };
+        let mut a = Args::new();
+        a.arg(s.conv.ptr)
+            .arg(s.g.ptr)
+            .arg(s.beta.ptr)
+            .arg(ssm.ptr)
+            .arg(s.o.ptr)
+            .arg(t as i32)
+            .arg(cd)
+            .arg(nk)
+            .arg(nv)
+            .arg(dk)
+            .arg(dv);
+        g.launch(
+            f,
+            (nv as u32, (dv as u32).div_ceil(32), 1),
+            32,
+            (2 * dk * 4) as u32,
+            &mut a,
+        )?;
+        let rows = t as i32 * nv;
+        let mut a = Args::new();
+        a.arg(s.o.ptr)
+            .arg(zp)
+            .arg(norm.ptr)
+            .arg(s.y.ptr)
+            .arg(rows)
+            .arg(dv)
+            .arg(cfg.rms_norm_eps);
+        g.launch(
+            g.k.gated_norm,
+            ((rows as u32).div_ceil(4), 1, 1),
+            128,
+            0,
+            &mut a,
+        )?;
+        self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention(
+        &self,
+        cfg: &ModelConfig,
+        t: usize,
+        q: Mat,
+        k: Mat,
+        v: Mat,
+        o: Mat,
+        q_norm: &DevBuf,
+        k_norm: &DevBuf,
+        kc: &DevBuf,
+        vc: &DevBuf,
+    ) -> Result<()> {
+        let s = &self.s;
+        let g = &self.gpu;
+        let (nq, nkv, hd) = (
+            cfg.num_attention_heads as i32,
+            cfg.num_key_value_heads as i32,
+            cfg.head_dim as i32,
+        );
+        let gated = cfg.attn_output_gate as i32;
+        let kp = if t == 1 {
+            self.linear(q, k, 1, s.normed.ptr, s.qg.ptr)?;
+            s.qg.ptr + q.rows as u64 * 4
+        } else {
+            self.linear(q, Mat::NONE, t, s.normed.ptr, s.qg.ptr)?;
+            self.linear(k, Mat::NONE, t, s.normed.ptr, s.k.ptr)?;
+            s.k.ptr
+        };
+        self.linear(v, Mat::NONE, t, s.normed.ptr, s.v.ptr)?;
+        let mut a = Args::new();
+        a.arg(s.qg.ptr)
+            .arg(kp)
+            .arg(s.v.ptr)
+            .arg(q_norm.ptr)
+            .arg(k_norm.ptr)
+            .arg(s.inv_freq.ptr)
+            .arg(s.meta.ptr)
+            .arg(s.q.ptr)
+            .arg(s.gate.ptr)
+            .arg(kc.ptr)
+            .arg(vc.ptr)
+            .arg(nq)
+            .arg(nkv)
+            .arg(hd)
+            .arg(cfg.rotary_dim as i32)
+            .arg(gated)
+            .arg(cfg.rms_norm_eps);
+        g.launch(
+            g.k.attn_prep,
+            (t as u32, (nq + nkv) as u32, 1),
+            64,
+            (hd * 4) as u32,
+            &mut a,
+        )?;
+        let scale = 1.0f32 / (hd as f32).sqrt();
+        let mut a = Args::new();
+        a.arg(s.q.ptr)
+            .arg(s.gate.ptr)
+            .arg(kc.ptr)
+            .arg(vc.ptr)
+            .arg(s.meta.ptr)
+            .arg(s.att.ptr)
+            .arg(nq)
+            .arg(nkv)
+            .arg(hd)
+            .arg(gated)
+            .arg(scale);
+        g.launch(
+            g.k.attention,
+            (t as u32, nq as u32, 1),
+            128,
+            ((hd + 128) * 4) as u32,
+            &mut a,
+        )?;
+        self.linear(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
+    }
+
+    /// The MoE block of `layer` on `normed`, writing `delta`.
+    pub(crate) fn moe(&mut self, cfg: &ModelConfig, layer: usize, t: usize) -> Result<()> {
+        let l = &self.dense.layers[layer];
+        let (router, sgate, sup, sdown, seg) = (
+            l.router,
+            l.shared_gate,
+            l.shared_up,
+            l.shared_down,
+            l.shared_expert_gate,
+        );
+        let (e, k, i, is, h) = (
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+            cfg.shared_expert_intermediate_size,
+            cfg.hidden_size,
+        );
+        let (normed, rlog, sel, wts) = (
+            self.s.normed.ptr,
+            self.s.rlog.ptr,
+            self.s.sel.ptr,
+            self.s.wts.ptr,
+        );
+        let sg = if t == 1 {
+            self.linear(router, seg, 1, normed, rlog)?;
+            rlog + e as u64 * 4
+        } else {
+            self.linear(router, Mat::NONE, t, normed, rlog)?;
+            self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
+            self.s.sg.ptr
+        };
+        let mut a = Args::new();
+        a.arg(rlog)
+            .arg(e as i32)
+            .arg(k as i32)
+            .arg(cfg.norm_topk_prob as i32)
+            .arg(sel)
+            .arg(wts);
+        self.gpu.launch(
+            self.gpu.k.topk,
+            (t as u32, 1, 1),
+            32,
+            (e * 4) as u32,
+            &mut a,
+        )?;
+        // The shared expert is queued first: it runs while streamed experts load.
+        self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
+        self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
+        self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
+        let m = self.experts.mats[layer].clone();
+        let tab = self.experts.table_of(layer);
+        let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
+        if t == 1 {
+            if !self.experts.resident {
+                let mut ids = vec![0i32; k];
+                self.gpu.copy_out(sel, &mut ids)?;
+                self.syncs += 1;
+                let mut ids: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
+                ids.sort_unstable();
+                ids.dedup();
+                self.experts.prepare(&self.model, layer, &ids)?;
+            }
+            ops::qmv(&self.gpu, m.gate, m.up, tab, sel, k as i32, k, normed, gu)?;
+            self.swiglu(gu, hb, k, i)?;
+            ops::qmv(&self.gpu, m.down, Mat::NONE, tab, sel, 1, k, hb, ey)?;
+        } else {
+            let (counts, offs, fill, pairs) = (
+                self.s.counts.ptr,
+                self.s.offs.ptr,
+                self.s.fill.ptr,
+                self.s.pairs.ptr,
+            );
+            self.s.counts.zero()?;
+            let n = (t * k) as i32;
+            let mut a = Args::new();
+            a.arg(sel).arg(n).arg(counts);
+            self.gpu.launch(
+                self.gpu.k.moe_count,
+                ((n as u32).div_ceil(256), 1, 1),
+                256,
+                0,
+                &mut a,
+            )?;
+            let mut a = Args::new();
+            a.arg(counts).arg(e as i32).arg(offs).arg(fill);
+            self.gpu
+                .launch(self.gpu.k.moe_offsets, (1, 1, 1), 32, 0, &mut a)?;
+            let mut a = Args::new();
+            a.arg(sel).arg(n).arg(offs).arg(fill).arg(pairs);
+            self.gpu.launch(
+                self.gpu.k.moe_fill,
+                ((n as u32).div_ceil(256), 1, 1),
+                256,
+                0,
+                &mut a,
+            )?;
+            let batches: Vec<Vec<usize>> = if self.experts.resident {
+                vec![Vec::new()]
+            } else {
+                let mut c = vec![0i32; e];
+                self.gpu.copy_out(counts, &mut c)?;
+                self.syncs += 1;
+                let needed: Vec<usize> = (0..e).filter(|&x| c[x] > 0).collect();
+                needed
+                    .chunks(self.experts.nslots.max(1))
+                    .map(|b| b.to_vec())
+                    .collect()
+            };
+            for ids in &batches {
+                if !self.experts.resident {
+                    self.experts.prepare(&self.model, layer, ids)?;
+                }
+                ops::qmm(
+                    &self.gpu, m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e,
+                )?;
+                self.swiglu(gu, hb, t * k, i)?;
+                ops::qmm(
+                    &self.gpu,
+                    m.down,
+                    Mat::NONE,
+                    tab,
+                    counts,
+                    offs,
+                    pairs,
+                    1,
+                    t,
+                    hb,
+                    ey,
+                    e,
+                )?;
+            }
+        }
+        let mut a = Args::new();
+        a.arg(ey)
+            .arg(wts)
+            .arg(self.s.sout.ptr)
+            .arg(sg)
+            .arg(self.s.delta.ptr)
+            .arg(t as i32)
+            .arg(k as i32)
+            .arg(h as i32);
+        let total = (t * h) as u32;
+        self.gpu.launch(
+            self.gpu.k.moe_combine,
+            (total.div_ceil(256), 1, 1),
+            256,
+            0,
+            &mut a,
+        )
+    }
+}

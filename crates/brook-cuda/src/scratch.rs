@@ -1,0 +1,116 @@
+//! The CUDA engine's scratch: device buffers for one prefill chunk, sized once.
+
+use std::sync::Arc;
+
+use brook_core::Result;
+use brook_core::config::ModelConfig;
+
+use crate::gpu::{DevBuf, Gpu};
+
+/// Scratch for chunks of up to `c` tokens.
+#[derive(Debug)]
+pub(crate) struct Scratch {
+    pub(crate) x: DevBuf,
+    pub(crate) normed: DevBuf,
+    pub(crate) delta: DevBuf,
+    // DeltaNet
+    pub(crate) qkv: DevBuf,
+    pub(crate) conv: DevBuf,
+    pub(crate) z: DevBuf,
+    pub(crate) b: DevBuf,
+    pub(crate) a: DevBuf,
+    pub(crate) beta: DevBuf,
+    pub(crate) g: DevBuf,
+    pub(crate) o: DevBuf,
+    pub(crate) y: DevBuf,
+    // attention
+    pub(crate) qg: DevBuf,
+    pub(crate) k: DevBuf,
+    pub(crate) v: DevBuf,
+    pub(crate) q: DevBuf,
+    pub(crate) gate: DevBuf,
+    pub(crate) att: DevBuf,
+    // MoE
+    pub(crate) rlog: DevBuf,
+    pub(crate) sel: DevBuf,
+    pub(crate) wts: DevBuf,
+    pub(crate) counts: DevBuf,
+    pub(crate) offs: DevBuf,
+    pub(crate) fill: DevBuf,
+    pub(crate) pairs: DevBuf,
+    pub(crate) gu: DevBuf,
+    pub(crate) h: DevBuf,
+    pub(crate) ey: DevBuf,
+    pub(crate) sgu: DevBuf,
+    pub(crate) sh: DevBuf,
+    pub(crate) sout: DevBuf,
+    pub(crate) sg: DevBuf,
+    // inputs and outputs
+    pub(crate) tokens: DevBuf,
+    pub(crate) meta: DevBuf,
+    pub(crate) logits: DevBuf,
+    pub(crate) inv_freq: DevBuf,
+}
+
+impl Scratch {
+    pub(crate) fn new(gpu: &Arc<Gpu>, cfg: &ModelConfig, c: usize) -> Result<Scratch> {
+        let f = |n: usize, what: &str| gpu.alloc(n * 4, what);
+        let h = cfg.hidden_size;
+        let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+        let cd = cfg.conv_dim();
+        let (nq, nkv, hd) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        );
+        let (e, k, i) = (
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+            cfg.moe_intermediate_size,
+        );
+        let is = cfg.shared_expert_intermediate_size;
+        let inv: Vec<f64> = (0..cfg.rotary_dim / 2)
+            .map(|j| cfg.rope_theta.powf(-2.0 * j as f64 / cfg.rotary_dim as f64))
+            .collect();
+        Ok(Scratch {
+            x: f(c * h, "activations")?,
+            normed: f(c * h, "activations")?,
+            delta: f(c * h, "activations")?,
+            // One-token steps put z after qkv, a after b, k after the queries and the shared
+            // expert's gate after the router logits (one launch each pair).
+            qkv: f(c * cd + nv * dv, "DeltaNet scratch")?,
+            conv: f(c * cd, "DeltaNet scratch")?,
+            z: f(c * nv * dv, "DeltaNet scratch")?,
+            b: f(c * nv + nv, "DeltaNet scratch")?,
+            a: f(c * nv, "DeltaNet scratch")?,
+            beta: f(c * nv, "DeltaNet scratch")?,
+            g: f(c * nv, "DeltaNet scratch")?,
+            o: f(c * nv * dv, "DeltaNet scratch")?,
+            y: f(c * nv * dv, "DeltaNet scratch")?,
+            qg: f(c * nq * hd * 2 + nkv * hd, "attention scratch")?,
+            k: f(c * nkv * hd, "attention scratch")?,
+            v: f(c * nkv * hd, "attention scratch")?,
+            q: f(c * nq * hd, "attention scratch")?,
+            gate: f(c * nq * hd, "attention scratch")?,
+            att: f(c * nq * hd, "attention scratch")?,
+            rlog: f(c * e + 1, "router scratch")?,
+            sel: f(c * k, "router scratch")?,
+            wts: f(c * k, "router scratch")?,
+            counts: f(e, "router scratch")?,
+            offs: f(e, "router scratch")?,
+            fill: f(e, "router scratch")?,
+            pairs: f(c * k, "router scratch")?,
+            gu: f(c * k * 2 * i, "expert scratch")?,
+            h: f(c * k * i, "expert scratch")?,
+            ey: f(c * k * h, "expert scratch")?,
+            sgu: f(c * 2 * is, "shared expert scratch")?,
+            sh: f(c * is, "shared expert scratch")?,
+            sout: f(c * h, "shared expert scratch")?,
+            sg: f(c, "shared expert scratch")?,
+            tokens: f(c, "tokens")?,
+            meta: f(4, "positions")?,
+            logits: f(cfg.vocab_size, "logits")?,
+            inv_freq: gpu.upload(&inv, "RoPE frequencies")?,
+        })
+    }
+}

@@ -1,0 +1,191 @@
+//! Sequence states in GPU memory ([`DeviceSeq`]): what the CUDA engine keeps inside a
+//! `SeqState` while it holds it, with the captured decode graph that runs over its buffers.
+
+use std::sync::Arc;
+
+use brook_core::config::{LayerKind, ModelConfig};
+use brook_core::model::state::{DeviceState, LayerState, SeqState};
+use brook_core::{Error, Result};
+
+use crate::gpu::{DevBuf, Gpu};
+
+/// A sequence's state in GPU memory: per DeltaNet layer its conv rows and recurrent state,
+/// per attention layer a key and a value cache of `context` positions.
+#[derive(Debug)]
+pub struct DeviceSeq {
+    gpu: Arc<Gpu>,
+    pub(crate) layers: Vec<DevLayer>,
+    context: usize,
+    kv_row: usize,
+    /// The captured one-token decode step over this state's buffers, with the id of the
+    /// engine whose scratch it uses.
+    pub(crate) graph: Option<(u64, Graph)>,
+}
+
+/// An instantiated CUDA graph.
+#[derive(Debug)]
+pub(crate) struct Graph {
+    pub(crate) graph: cudarc::driver::sys::CUgraph,
+    pub(crate) exec: cudarc::driver::sys::CUgraphExec,
+}
+
+// SAFETY: plain driver handles, used under the engine's lock.
+unsafe impl Send for Graph {}
+// SAFETY: as above.
+unsafe impl Sync for Graph {}
+
+impl Drop for Graph {
+    fn drop(&mut self) {
+        // SAFETY: created once by instantiate/end_capture, destroyed once.
+        unsafe {
+            let _ = cudarc::driver::result::graph::exec_destroy(self.exec);
+            let _ = cudarc::driver::result::graph::destroy(self.graph);
+        }
+    }
+}
+
+#[derive(Debug)]
+pub(crate) enum DevLayer {
+    Linear { conv: DevBuf, ssm: DevBuf },
+    Full { k: DevBuf, v: DevBuf },
+}
+
+impl DeviceSeq {
+    pub(crate) fn new(gpu: &Arc<Gpu>, cfg: &ModelConfig, context: usize) -> Result<DeviceSeq> {
+        let conv = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim();
+        let ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+        let kv_row = cfg.num_key_value_heads * cfg.head_dim;
+        let layers = cfg
+            .layer_types
+            .iter()
+            .map(|k| {
+                Ok(match k {
+                    LayerKind::Linear => DevLayer::Linear {
+                        conv: gpu.zeros(conv * 4, "DeltaNet state")?,
+                        ssm: gpu.zeros(ssm * 4, "DeltaNet state")?,
+                    },
+                    LayerKind::Full => DevLayer::Full {
+                        k: gpu.alloc(context * kv_row * 4, "KV cache")?,
+                        v: gpu.alloc(context * kv_row * 4, "KV cache")?,
+                    },
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(DeviceSeq {
+            gpu: gpu.clone(),
+            layers,
+            context,
+            kv_row,
+            graph: None,
+        })
+    }
+
+    /// Bytes a state of `context` positions takes (for planning).
+    pub(crate) fn bytes(cfg: &ModelConfig, context: usize) -> u64 {
+        let conv = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim();
+        let ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+        let kv = 2 * context * cfg.num_key_value_heads * cfg.head_dim;
+        cfg.layer_types
+            .iter()
+            .map(|k| match k {
+                LayerKind::Linear => ((conv + ssm) * 4) as u64,
+                LayerKind::Full => (kv * 4) as u64,
+            })
+            .sum()
+    }
+
+    /// Uploads a host state.
+    pub(crate) fn from_host(
+        gpu: &Arc<Gpu>,
+        cfg: &ModelConfig,
+        st: &SeqState,
+        context: usize,
+    ) -> Result<Self> {
+        if st.pos > context {
+            return Err(Error::Invalid(format!(
+                "the state holds {} tokens, more than the context of {context}",
+                st.pos
+            )));
+        }
+        let d = DeviceSeq::new(gpu, cfg, context)?;
+        for (i, (dl, hl)) in d.layers.iter().zip(&st.layers).enumerate() {
+            match (dl, hl) {
+                (DevLayer::Linear { conv, ssm }, LayerState::Linear { conv: hc, ssm: hs })
+                    if hc.len() * 4 == conv.bytes && hs.len() * 4 == ssm.bytes =>
+                {
+                    conv.write(hc)?;
+                    ssm.write(hs)?;
+                }
+                (DevLayer::Full { k, v }, LayerState::Full { keys, values })
+                    if keys.len() == st.pos * d.kv_row && values.len() == keys.len() =>
+                {
+                    k.write(keys)?;
+                    v.write(values)?;
+                }
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "state does not fit layer {i}: make it with new_state"
+                    )));
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+impl DeviceState for DeviceSeq {
+    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        self.gpu.bind()?;
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let copy = |b: &DevBuf| -> Result<DevBuf> {
+                let n = self.gpu.alloc(b.bytes, "a copy of a sequence state")?;
+                self.gpu.copy_dd(n.ptr, b.ptr, b.bytes)?;
+                Ok(n)
+            };
+            layers.push(match l {
+                DevLayer::Linear { conv, ssm } => DevLayer::Linear {
+                    conv: copy(conv)?,
+                    ssm: copy(ssm)?,
+                },
+                DevLayer::Full { k, v } => DevLayer::Full {
+                    k: copy(k)?,
+                    v: copy(v)?,
+                },
+            });
+        }
+        self.gpu.sync()?;
+        Ok(Box::new(DeviceSeq {
+            gpu: self.gpu.clone(),
+            layers,
+            context: self.context,
+            kv_row: self.kv_row,
+            graph: None,
+        }))
+    }
+
+    fn download(&self, layers: &mut [LayerState], pos: usize) -> Result<()> {
+        self.gpu.bind()?;
+        for (dl, hl) in self.layers.iter().zip(layers.iter_mut()) {
+            match (dl, hl) {
+                (DevLayer::Linear { conv, ssm }, LayerState::Linear { conv: hc, ssm: hs }) => {
+                    *hc = conv.read()?;
+                    *hs = ssm.read()?;
+                }
+                (DevLayer::Full { k, v }, LayerState::Full { keys, values }) => {
+                    let n = pos * self.kv_row;
+                    keys.resize(n, 0.0);
+                    values.resize(n, 0.0);
+                    self.gpu.copy_out(k.ptr, keys)?;
+                    self.gpu.copy_out(v.ptr, values)?;
+                }
+                _ => return Err(Error::Invalid("state layout changed".into())),
+            }
+        }
+        Ok(())
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
