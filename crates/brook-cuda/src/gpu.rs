@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use brook_core::experts::budget::fmt_bytes;
 use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
 
@@ -197,9 +198,9 @@ impl Gpu {
             self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
             return Err(Error::Device(format!(
                 "GPU memory budget {} is too small: {what} needs {} more ({} held); raise --gpu-memory-budget",
-                fmt_gib(self.budget),
-                fmt_gib(bytes as u64),
-                fmt_gib(now - bytes as u64)
+                fmt_bytes(self.budget),
+                fmt_bytes(bytes as u64),
+                fmt_bytes(now - bytes as u64)
             )));
         }
         // SAFETY: the context is current on this thread (callers bind first).
@@ -212,7 +213,7 @@ impl Gpu {
             Err(e) => {
                 self.used.fetch_sub(bytes as u64, Ordering::Relaxed);
                 Err(err(
-                    &format!("allocating {} for {what}", fmt_gib(bytes as u64)),
+                    &format!("allocating {} for {what}", fmt_bytes(bytes as u64)),
                     e,
                 ))
             }
@@ -470,10 +471,6 @@ impl Args {
         self.n += 1;
         self
     }
-}
-
-pub fn fmt_gib(b: u64) -> String {
-    brook_core::experts::budget::fmt_bytes(b)
 }
 
 /// The PTX of [`SOURCE`] for this device: from this process's earlier opens, the disk cache

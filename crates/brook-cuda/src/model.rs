@@ -10,14 +10,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brook_core::config::ModelConfig;
+use brook_core::experts::budget::fmt_bytes;
 use brook_core::model::engine::Engine;
 use brook_core::model::open::OpenOptions;
-use brook_core::model::state::{LayerState, SeqState};
+use brook_core::model::state::SeqState;
 use brook_core::model::{Logits, Model};
 use brook_core::{Error, Result};
 
 use crate::experts::{GpuCacheStats, GpuExperts, layouts};
-use crate::gpu::{Args, Gpu, Pinned, fmt_gib};
+use crate::gpu::{Args, Gpu, Pinned};
 use crate::ops;
 use crate::scratch::Scratch;
 use crate::state::{DevLayer, DeviceSeq, Graph};
@@ -98,8 +99,8 @@ impl CudaModel {
                     let need = gpu.used() + reserve + (k * slot_bytes) as u64;
                     return Err(Error::Device(format!(
                         "a GPU memory budget of {} cannot hold the dense core, the state and {k} expert slots; it needs at least {}",
-                        fmt_gib(gpu.budget),
-                        fmt_gib(need)
+                        fmt_bytes(gpu.budget),
+                        fmt_bytes(need)
                     )));
                 }
                 n.min(total)
@@ -112,9 +113,9 @@ impl CudaModel {
             gpu.cc.0,
             gpu.cc.1,
             gpu.sms,
-            fmt_gib(gpu.used()),
+            fmt_bytes(gpu.used()),
             experts.nslots,
-            fmt_gib(slot_bytes as u64),
+            fmt_bytes(slot_bytes as u64),
             if experts.resident {
                 " (every expert resident)"
             } else {
@@ -203,21 +204,8 @@ impl CudaModel {
                 false => self.chunk(dev, chunk, state.pos),
             };
             if let Err(e) = res {
-                // The device state may be half-updated: drop it and say so.
-                state.device = None;
-                state.pos = 0;
-                for l in &mut state.layers {
-                    *l = match l {
-                        LayerState::Linear { conv, ssm } => LayerState::Linear {
-                            conv: vec![0.0; conv.len()],
-                            ssm: vec![0.0; ssm.len()],
-                        },
-                        LayerState::Full { .. } => LayerState::Full {
-                            keys: Vec::new(),
-                            values: Vec::new(),
-                        },
-                    };
-                }
+                // The device state may be half-updated: start the sequence afresh and say so.
+                *state = SeqState::new(&self.model.cfg);
                 return Err(e);
             }
             let t = chunk.len();

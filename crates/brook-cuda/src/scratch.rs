@@ -69,9 +69,7 @@ impl Scratch {
             cfg.moe_intermediate_size,
         );
         let is = cfg.shared_expert_intermediate_size;
-        let inv: Vec<f64> = (0..cfg.rotary_dim / 2)
-            .map(|j| cfg.rope_theta.powf(-2.0 * j as f64 / cfg.rotary_dim as f64))
-            .collect();
+        let inv = brook_core::cpu::ops::rope_inv_freq(cfg);
         Ok(Scratch {
             x: f(c * h, "activations")?,
             normed: f(c * h, "activations")?,

@@ -119,11 +119,7 @@ impl ModelArgs {
                 (None, false) => None,
             },
             threads: self.threads.first().copied(),
-            memory_budget: self
-                .memory_budget
-                .as_deref()
-                .map(brook_core::experts::budget::parse_size)
-                .transpose()?,
+            memory_budget: parse(&self.memory_budget)?,
             context: self.context,
             prefetch: self.prefetch,
             precision: match self.precision.as_str() {
