@@ -310,6 +310,16 @@ impl ModelConfig {
         self.linear_num_value_heads / self.linear_num_key_heads
     }
 
+    /// Floats of a DeltaNet layer's carried conv rows: the last K−1 inputs.
+    pub fn conv_state_len(&self) -> usize {
+        (self.linear_conv_kernel_dim - 1) * self.conv_dim()
+    }
+
+    /// Floats of a DeltaNet layer's recurrent state, [nv, dk, dv].
+    pub fn ssm_state_len(&self) -> usize {
+        self.linear_num_value_heads * self.linear_key_head_dim * self.linear_value_head_dim
+    }
+
     /// Width of the DeltaNet convolution input, q | k | v.
     pub fn conv_dim(&self) -> usize {
         2 * self.linear_num_key_heads * self.linear_key_head_dim

@@ -52,8 +52,7 @@ pub(crate) enum DevLayer {
 
 impl DeviceSeq {
     pub(crate) fn new(gpu: &Arc<Gpu>, cfg: &ModelConfig, context: usize) -> Result<DeviceSeq> {
-        let conv = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim();
-        let ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+        let (conv, ssm) = (cfg.conv_state_len(), cfg.ssm_state_len());
         let kv_row = cfg.num_key_value_heads * cfg.head_dim;
         let layers = cfg
             .layer_types
@@ -82,8 +81,7 @@ impl DeviceSeq {
 
     /// Bytes a state of `context` positions takes (for planning).
     pub(crate) fn bytes(cfg: &ModelConfig, context: usize) -> u64 {
-        let conv = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim();
-        let ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+        let (conv, ssm) = (cfg.conv_state_len(), cfg.ssm_state_len());
         let kv = 2 * context * cfg.num_key_value_heads * cfg.head_dim;
         cfg.layer_types
             .iter()

@@ -255,8 +255,7 @@ impl<'m> CpuModel<'m> {
         if state.layers.len() != cfg.num_hidden_layers {
             return Err(fresh(state.layers.len()));
         }
-        let conv = (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim();
-        let ssm = cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim;
+        let (conv, ssm) = (cfg.conv_state_len(), cfg.ssm_state_len());
         let kv = state.pos * cfg.num_key_value_heads * cfg.head_dim;
         for (i, (l, kind)) in state.layers.iter().zip(&cfg.layer_types).enumerate() {
             let ok = match (l, kind) {

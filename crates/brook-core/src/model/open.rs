@@ -105,10 +105,7 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
         .count();
     let linear = cfg.num_hidden_layers - full;
     let kv = full * context * 2 * cfg.num_key_value_heads * cfg.head_dim * 4;
-    let delta = linear
-        * (cfg.linear_num_value_heads * cfg.linear_key_head_dim * cfg.linear_value_head_dim
-            + (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim())
-        * 4;
+    let delta = linear * (cfg.ssm_state_len() + cfg.conv_state_len()) * 4;
     let (h, conv) = (cfg.hidden_size, cfg.conv_dim());
     let vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
     let qd = cfg.num_attention_heads * cfg.head_dim * 3;

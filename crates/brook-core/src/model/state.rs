@@ -100,13 +100,8 @@ impl SeqState {
             .iter()
             .map(|k| match k {
                 LayerKind::Linear => LayerState::Linear {
-                    conv: vec![0.0; (cfg.linear_conv_kernel_dim - 1) * cfg.conv_dim()],
-                    ssm: vec![
-                        0.0;
-                        cfg.linear_num_value_heads
-                            * cfg.linear_key_head_dim
-                            * cfg.linear_value_head_dim
-                    ],
+                    conv: vec![0.0; cfg.conv_state_len()],
+                    ssm: vec![0.0; cfg.ssm_state_len()],
                 },
                 LayerKind::Full => LayerState::Full {
                     keys: Vec::new(),
