@@ -20,6 +20,7 @@ use brook_core::model::delta_net::DeltaMode;
 use brook_core::model::moe::{ExpertHandle, ExpertSource};
 use brook_core::model::weights::Loader;
 use brook_core::synth::SynthStore;
+use brook_core::text::argmax;
 use brook_core::{Logits, Model, Result, Stage};
 
 /// k resident experts per layer, handed out by position in the request.
@@ -386,14 +387,4 @@ fn read_bandwidth(threads: usize) -> f64 {
         std::hint::black_box(&parts);
     }
     best
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }

@@ -10,6 +10,7 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use brook_core::Logits;
 use brook_core::experts::budget::{self, fmt_bytes};
+use brook_core::text::argmax;
 use serde::{Deserialize, Serialize};
 
 /// Measure prefill and decode speed, memory and I/O.
@@ -417,16 +418,6 @@ fn dense_bytes(m: &brook_core::Model) -> usize {
             + e.down_proj.nbytes();
     }
     total
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, x) in v.iter().enumerate() {
-        if *x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 fn print_tables(rows: &[Row]) {

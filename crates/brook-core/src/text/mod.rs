@@ -25,7 +25,7 @@ mod tool_parse;
 pub use error::{Result, TextError};
 pub use generation::{GenerationConfig, eos_ids_from_value};
 pub use message::{Content, ContentPart, FunctionCall, Message, MessageToolCall};
-pub use sampler::{Sampler, SamplingParams};
+pub use sampler::{Sampler, SamplingParams, argmax};
 pub use stream::{StopReason, StreamEvent, StreamOptions, TextStream, prompt_opens_reasoning};
 pub use template::ChatTemplate;
 pub use tokenizer::Tokenizer;

@@ -293,7 +293,7 @@ impl Sampler {
 }
 
 /// Index of the largest logit; NaN loses to everything, ties go to the lower id.
-fn argmax(logits: &[f32]) -> u32 {
+pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0usize;
     let mut best_v = f32::NEG_INFINITY;
     let mut seen = false;
