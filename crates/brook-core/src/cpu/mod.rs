@@ -35,6 +35,7 @@ pub mod qmatvec;
 pub mod simd;
 #[doc(hidden)]
 pub mod testutil;
+mod xprep;
 
 pub use model::{CpuModel, CpuOptions};
 pub use moe::{SwigluScratch, expert_swiglu};

@@ -1,0 +1,210 @@
+//! Activation preparation for the decode kernels: [`XPrep`] holds x in the order a kernel
+//! unpacks weights, its per-group sums (for the folded MLX bias), and the integer forms the
+//! VNNI kernels read, for the [`Precision`] chosen. Moved out of qmatvec.rs unchanged.
+
+use crate::cpu::SimdLevel;
+
+/// How the decode matvec multiplies 4-bit weights with the activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Precision {
+    /// f32 products and sums (FMA), as the reference.
+    #[default]
+    F32,
+    /// Each activation x is written exactly to 2^-23 of its 32-element block's largest |x|
+    /// as a 24-bit integer X = x·2^k (k per block), split into three signed bytes, and Σ q·X
+    /// is computed with integer dot products (AVX-512 VNNI `vpdpbusd`, 64 products per
+    /// instruction), then scaled back in f32. The error per product is below half an f32 ulp
+    /// of the block's largest activation, so results agree with [`Precision::F32`] to f32
+    /// rounding; the fixture tests hold at the same bounds. Needs AVX-512 VNNI; elsewhere,
+    /// and for widths other than 4 bits, it runs as `F32`.
+    Split24,
+    /// Lossy (`--precision fast`): each 32-element block of x is rounded to int8 with its
+    /// own scale d = max|x|/127 (llama.cpp's Q8 activations), and 4-bit weights multiply it
+    /// with `vpdpbusd`, two instructions per 64 weight bytes. Scales, biases and the bias
+    /// term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a row's error is
+    /// bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX-512 VNNI; elsewhere, and for
+    /// widths other than 4 bits, it runs as `F32`.
+    Fast,
+}
+
+impl Precision {
+    /// Whether results equal [`Precision::F32`]'s up to f32 rounding (the fixture bounds).
+    pub fn is_exact(self) -> bool {
+        self != Precision::Fast
+    }
+}
+
+/// One input vector prepared for the kernels of one [`SimdLevel`].
+///
+/// Preparing costs O(in) and is shared by every matrix that reads the same x. Buffers only
+/// grow, so after the first call at a width no call allocates.
+#[derive(Debug, Clone, Default)]
+pub struct XPrep {
+    pub(crate) level: Option<SimdLevel>,
+    pub(crate) x: Vec<f32>, // [n] as given
+    lanes: Vec<f32>,        // [n rounded up to a lane block] x in 4-bit lane order (x86 only)
+    sums: [Vec<f32>; 3],    // [n/32], [n/64], [n/128]: Σx per group; empty when n % g ≠ 0
+    ints: Ints,             // what `digits` and `lane_inv` hold
+    digits: Vec<i8>,        // Split24: [n/128 blocks, 6, 64]; Fast: [n/128, 2, 64], vpdpbusd order
+    lane_inv: Vec<f32>,     // [n/8]: the scale (2^-k, or d) of each 8-element lane's 32-block
+}
+
+/// The integer form of x an [`XPrep`] holds beside the floats.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum Ints {
+    #[default]
+    None,
+    Split24,
+    Q8,
+}
+
+impl XPrep {
+    /// An empty preparation; the first [`XPrep::prepare`] sizes it.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A preparation whose buffers already hold inputs of up to `n` elements.
+    pub fn with_capacity(n: usize) -> Self {
+        XPrep {
+            level: None,
+            x: Vec::with_capacity(n),
+            lanes: Vec::with_capacity(n + 128),
+            sums: [
+                Vec::with_capacity(n / 32),
+                Vec::with_capacity(n / 64),
+                Vec::with_capacity(n / 128),
+            ],
+            ints: Ints::None,
+            digits: Vec::with_capacity(n.div_ceil(128) * 384),
+            lane_inv: Vec::with_capacity(n.div_ceil(128) * 16),
+        }
+    }
+
+    /// Prepares `x` for the kernels of `level` at [`Precision::F32`].
+    pub fn prepare(&mut self, level: SimdLevel, x: &[f32]) {
+        self.prepare_with(level, Precision::F32, x)
+    }
+
+    /// Prepares `x` for the kernels of `level` at `precision`.
+    pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
+        self.ints = Ints::None;
+        self.fill(level, x);
+        if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && x.len().is_multiple_of(32) {
+            match precision {
+                Precision::Split24 => self.split_digits(x),
+                Precision::Fast => self.q8_digits(x),
+                Precision::F32 => {}
+            }
+        }
+    }
+
+    fn fill(&mut self, level: SimdLevel, x: &[f32]) {
+        self.level = Some(level);
+        self.x.clear();
+        self.x.extend_from_slice(x);
+        let n = x.len();
+        for (k, g) in [32usize, 64, 128].into_iter().enumerate() {
+            let sums = &mut self.sums[k];
+            sums.clear();
+            if n.is_multiple_of(g) {
+                sums.extend(x.chunks_exact(g).map(|c| c.iter().sum::<f32>()));
+            }
+        }
+        self.lanes.clear();
+        let lanes = match level {
+            SimdLevel::Portable => return,
+            SimdLevel::Avx2 => 8,
+            SimdLevel::Avx512 => 16,
+        };
+        // A block is `lanes` u32 words of 8 nibbles; lane j, shift k holds element 8j + k.
+        let block = lanes * 8;
+        let padded = n.div_ceil(block) * block;
+        self.lanes.resize(padded, 0.0);
+        for (b, out) in self.lanes.chunks_exact_mut(block).enumerate() {
+            for j in 0..lanes {
+                for k in 0..8 {
+                    let i = b * block + 8 * j + k;
+                    out[k * lanes + j] = if i < n { x[i] } else { 0.0 };
+                }
+            }
+        }
+    }
+
+    /// Writes the Split24 digits: per 32-element block X = round(x·2^k) with |X| ≤ 2^22, then
+    /// X = d₂·2^16 + d₁·2^8 + d₀ with balanced digits in [−128, 127]. Block b of 128 elements
+    /// holds six 64-byte rows (d₂ even, d₂ odd, d₁ even, d₁ odd, d₀ even, d₀ odd); byte 4j+t of
+    /// an even row is element 8j+2t (odd: 8j+2t+1), matching the low and high nibbles of
+    /// packed word j.
+    fn split_digits(&mut self, x: &[f32]) {
+        let n = x.len();
+        let blocks = n.div_ceil(128);
+        self.digits.clear();
+        self.digits.resize(blocks * 384, 0);
+        self.lane_inv.clear();
+        self.lane_inv.resize(blocks * 16, 0.0);
+        for (c, xc) in x.chunks_exact(32).enumerate() {
+            let (blk, base) = (c / 4, (c % 4) * 32);
+            let at = blk * 384 + base / 2;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called when VNNI (hence AVX-512) is present; `xc` holds 32 floats
+            // and the digit rows at `at` (+64, +128, ..., +320) hold 16 bytes each.
+            let inv =
+                unsafe { super::avx512_split::split_chunk(xc, &mut self.digits[at..at + 336]) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let inv = 0.0;
+            for j in 0..4 {
+                self.lane_inv[blk * 16 + (c % 4) * 4 + j] = inv;
+            }
+        }
+        self.ints = Ints::Split24;
+    }
+
+    /// Writes x as int8 per 32-element block (see [`Precision::Fast`]): block b of 128
+    /// elements holds two 64-byte rows (even elements, odd elements) in the order of
+    /// [`XPrep::split_digits`]'s d₂ rows; `lane_inv` holds each lane's d.
+    fn q8_digits(&mut self, x: &[f32]) {
+        let blocks = x.len().div_ceil(128);
+        self.digits.clear();
+        self.digits.resize(blocks * 128, 0);
+        self.lane_inv.clear();
+        self.lane_inv.resize(blocks * 16, 0.0);
+        for (c, xc) in x.chunks_exact(32).enumerate() {
+            let at = (c / 4) * 128 + (c % 4) * 16;
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called when VNNI (hence AVX-512) is present; `xc` holds 32 floats
+            // and the rows at `at` and `at + 64` hold 16 bytes each.
+            let d = unsafe { super::avx512_q8::q8_chunk(xc, &mut self.digits[at..at + 80]) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let d = 0.0;
+            self.lane_inv[c * 4..c * 4 + 4].fill(d);
+        }
+        self.ints = Ints::Q8;
+    }
+
+    pub(crate) fn split(&self) -> Option<(&[i8], &[f32])> {
+        (self.ints == Ints::Split24).then_some((&self.digits[..], &self.lane_inv[..]))
+    }
+
+    pub(crate) fn q8(&self) -> Option<(&[i8], &[f32])> {
+        (self.ints == Ints::Q8).then_some((&self.digits[..], &self.lane_inv[..]))
+    }
+
+    /// The input vector.
+    pub fn x(&self) -> &[f32] {
+        &self.x
+    }
+
+    pub(crate) fn lanes(&self) -> &[f32] {
+        &self.lanes
+    }
+
+    /// Σx per group of `g` (32, 64 or 128).
+    pub(crate) fn sums(&self, g: usize) -> &[f32] {
+        match g {
+            32 => &self.sums[0],
+            64 => &self.sums[1],
+            _ => &self.sums[2],
+        }
+    }
+}
