@@ -1,9 +1,9 @@
 //! y = W x on the checkpoint's own bytes: MLX affine (2–8 bits, groups 32/64/128, BF16/F16/F32
 //! scales and biases) and float (F32/BF16/F16) weights, one SIMD level per call.
 //!
-//! Owns the shape checks (the activations come prepared as an [`XPrep`], from xprep.rs: x in
-//! the order a kernel unpacks weights, and per-group sums of x), the row dispatch and the portable kernels; the x86
-//! kernels live in `avx2.rs` / `avx512.rs`. It must not dequantize a whole matrix, allocate per
+//! Owns the shape checks, the row dispatch and the portable kernels; the activations come
+//! prepared as an [`XPrep`] (xprep.rs: x in the order a kernel unpacks weights, and per-group
+//! sums of x); the x86 kernels live in `avx2.rs` / `avx512.rs`. It must not dequantize a whole matrix, allocate per
 //! row, or know about models. It mirrors [`LinearRef::forward_rows`] for one input vector: the
 //! per-group bias is folded into a sum of x, y_r = Σ_g (s_rg·Σ_{i∈g} q_i x_i + β_rg·Σ_{i∈g} x_i),
 //! which equals Σ_i (s q_i + β) x_i up to f32 summation order.
