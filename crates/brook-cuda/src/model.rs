@@ -370,7 +370,9 @@ impl CudaModel {
 
     /// Queues embedding, every layer and the final norm for `t` staged tokens.
     fn enqueue_layers(&mut self, dev: &mut DeviceSeq, t: usize) -> Result<()> {
-        let cfg = self.model.cfg.clone();
+        // A reference count, not a copy of the config, so `self` stays free to borrow.
+        let model = self.model.clone();
+        let cfg = &model.cfg;
         let s = &self.s;
         let mut a = Args::new();
         a.arg(self.dense.embed).arg(s.tokens.ptr).arg(s.x.ptr);
@@ -397,7 +399,7 @@ impl CudaModel {
                     DevLayer::Linear { conv, ssm },
                 ) => {
                     self.delta_net(
-                        &cfg, t, *qkv, *z, *b, *am, *out, conv_w, a_log, dt_bias, norm, conv, ssm,
+                        cfg, t, *qkv, *z, *b, *am, *out, conv_w, a_log, dt_bias, norm, conv, ssm,
                     )?;
                 }
                 (
@@ -411,12 +413,12 @@ impl CudaModel {
                     },
                     DevLayer::Full { k: kc, v: vc },
                 ) => {
-                    self.attention(&cfg, t, *q, *k, *v, *o, q_norm, k_norm, kc, vc)?;
+                    self.attention(cfg, t, *q, *k, *v, *o, q_norm, k_norm, kc, vc)?;
                 }
                 _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
             }
             self.norm(x, delta, l.post_norm.ptr, normed, t)?;
-            self.moe(&cfg, i, t)?;
+            self.moe(cfg, i, t)?;
         }
         let s = &self.s;
         self.norm(s.x.ptr, s.delta.ptr, self.dense.norm.ptr, s.normed.ptr, t)?;
