@@ -37,16 +37,18 @@ impl CudaModel {
             cfg.linear_value_head_dim as i32,
         );
         let cd = cfg.conv_dim() as i32;
-        let (zp, ap) = if t == 1 {
-            self.linear(qkv, z, 1, s.normed.ptr, s.qkv.ptr)?;
-            self.linear(b, am, 1, s.normed.ptr, s.b.ptr)?;
-            (s.qkv.ptr + cd as u64 * 4, s.b.ptr + nv as u64 * 4)
+        let (zp, bp, ap) = if t == 1 {
+            // One launch: [qkv; z; b; a] follow each other in the qkv scratch.
+            ops::qmv_stacked(g, [qkv, z, b, am], s.normed.ptr, s.qkv.ptr)?;
+            let zp = s.qkv.ptr + cd as u64 * 4;
+            let bp = zp + z.rows as u64 * 4;
+            (zp, bp, bp + nv as u64 * 4)
         } else {
             self.linear(qkv, Mat::NONE, t, s.normed.ptr, s.qkv.ptr)?;
             self.linear(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
             self.linear(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
             self.linear(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
-            (s.z.ptr, s.a.ptr)
+            (s.z.ptr, s.b.ptr, s.a.ptr)
         };
         let mut a = Args::new();
         a.arg(s.qkv.ptr)
@@ -65,7 +67,7 @@ impl CudaModel {
         )?;
         let mut a = Args::new();
         a.arg(s.conv.ptr)
-            .arg(s.b.ptr)
+            .arg(bp)
             .arg(ap)
             .arg(a_log.ptr)
             .arg(dt_bias.ptr)
@@ -142,19 +144,21 @@ impl CudaModel {
             cfg.head_dim as i32,
         );
         let gated = cfg.attn_output_gate as i32;
-        let kp = if t == 1 {
-            self.linear(q, k, 1, s.normed.ptr, s.qg.ptr)?;
-            s.qg.ptr + q.rows as u64 * 4
+        let (kp, vp) = if t == 1 {
+            // One launch: [q; k; v] follow each other in the qg scratch.
+            ops::qmv_stacked(g, [q, k, v, Mat::NONE], s.normed.ptr, s.qg.ptr)?;
+            let kp = s.qg.ptr + q.rows as u64 * 4;
+            (kp, kp + k.rows as u64 * 4)
         } else {
             self.linear(q, Mat::NONE, t, s.normed.ptr, s.qg.ptr)?;
             self.linear(k, Mat::NONE, t, s.normed.ptr, s.k.ptr)?;
-            s.k.ptr
+            self.linear(v, Mat::NONE, t, s.normed.ptr, s.v.ptr)?;
+            (s.k.ptr, s.v.ptr)
         };
-        self.linear(v, Mat::NONE, t, s.normed.ptr, s.v.ptr)?;
         let mut a = Args::new();
         a.arg(s.qg.ptr)
             .arg(kp)
-            .arg(s.v.ptr)
+            .arg(vp)
             .arg(q_norm.ptr)
             .arg(k_norm.ptr)
             .arg(s.inv_freq.ptr)
@@ -244,23 +248,55 @@ impl CudaModel {
             (e * 4) as u32,
             &mut a,
         )?;
-        // The shared expert is queued first: it runs while streamed experts load.
-        self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
-        self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
-        self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
         let m = self.experts.mats[layer].clone();
         let tab = self.experts.table_of(layer);
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
+        let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
+        if t == 1 && !self.experts.resident {
+            let mut ids = vec![0i32; k];
+            self.gpu.copy_out(sel, &mut ids)?;
+            self.syncs += 1;
+            let mut ids: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            self.experts.prepare(&self.model, layer, &ids)?;
+        }
+        if fused {
+            // Two launches: every gate/up with SwiGLU (routed and shared), then every down
+            // projection and the weighted sum.
+            let sh = self.s.sh.ptr;
+            ops::qmv_experts(
+                &self.gpu,
+                m.gate,
+                m.up,
+                tab,
+                sel,
+                k,
+                k as i32,
+                [sgate, sup],
+                true,
+                normed,
+                hb,
+                sh,
+            )?;
+            return ops::moe_down(
+                &self.gpu,
+                m.down,
+                tab,
+                sel,
+                wts,
+                k,
+                sdown,
+                sg,
+                hb,
+                sh,
+                self.s.delta.ptr,
+            );
+        }
+        self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
+        self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
+        self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
         if t == 1 {
-            if !self.experts.resident {
-                let mut ids = vec![0i32; k];
-                self.gpu.copy_out(sel, &mut ids)?;
-                self.syncs += 1;
-                let mut ids: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
-                ids.sort_unstable();
-                ids.dedup();
-                self.experts.prepare(&self.model, layer, &ids)?;
-            }
             ops::qmv(&self.gpu, m.gate, m.up, tab, sel, k as i32, k, normed, gu)?;
             self.swiglu(gu, hb, k, i)?;
             ops::qmv(&self.gpu, m.down, Mat::NONE, tab, sel, 1, k, hb, ey)?;

@@ -64,6 +64,8 @@ pub struct GpuExperts {
     free: Vec<u32>,
     staging: Vec<(Pinned, sys::CUevent)>,
     next_stage: usize,
+    /// Pinned copy of one layer's table slice, queued on the stream after its experts.
+    table_stage: Pinned,
     pub stats: GpuCacheStats,
 }
 
@@ -143,6 +145,7 @@ impl GpuExperts {
             free: (0..nslots as u32).rev().collect(),
             staging,
             next_stage: 0,
+            table_stage: Pinned::new(gpu, cfg.num_experts * 8)?,
             stats: GpuCacheStats::default(),
         };
         if me.resident {
@@ -180,15 +183,27 @@ impl GpuExperts {
                 self.nslots
             )));
         }
-        // Kernels queued earlier may still read the table: wait before rewriting it.
+        // Kernels queued earlier may still read the table or a slot about to be evicted, and
+        // the previous table copy may still read `table_stage`: wait for them all.
         self.gpu.sync()?;
         self.load(model, layer, ids)?;
-        let mut slice = vec![0u64; self.experts];
+        let stage = self.table_stage.as_mut_slice();
+        stage.fill(0);
         for &e in ids {
             let s = self.slot_of[layer * self.experts + e];
-            slice[e] = self.arena.ptr + s as u64 * self.slot_bytes as u64;
+            let addr = self.arena.ptr + s as u64 * self.slot_bytes as u64;
+            stage[e * 8..e * 8 + 8].copy_from_slice(&addr.to_le_bytes());
         }
-        self.table.write_at(layer * self.experts * 8, &slice)
+        // Queued, not waited for: the kernels that read the table follow it on the stream.
+        // SAFETY: table_stage stays untouched until the next prepare's synchronisation; the
+        // slice lies inside the table.
+        unsafe {
+            self.gpu.copy_in_async(
+                self.table_of(layer),
+                self.table_stage.ptr(),
+                self.experts * 8,
+            )
+        }
     }
 
     /// Loads the missing ones of `ids` into slots, evicting the least frequently used.
@@ -247,6 +262,7 @@ impl GpuExperts {
                 // SAFETY: the staging buffer stays untouched until its event completes; the
                 // slot holds slot_bytes ≥ n.
                 unsafe { self.gpu.copy_in_async(dst, buf.ptr(), n)? };
+                self.gpu.queued_other();
                 // SAFETY: live event and stream.
                 unsafe { result::event::record(*ev, self.gpu.stream) }
                     .map_err(|e| err("recording an event", e))?;

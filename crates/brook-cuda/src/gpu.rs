@@ -9,7 +9,7 @@
 use std::ffi::{CString, c_void};
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use brook_core::experts::budget::fmt_bytes;
 use brook_core::{Error, Result};
@@ -48,7 +48,11 @@ pub struct Kernel(sys::CUfunction);
 /// The kernels of [`SOURCE`], looked up once.
 #[derive(Debug)]
 pub struct Kernels {
-    pub qmv: Kernel,
+    pub qmv1: Kernel,
+    pub qmv4: Kernel,
+    pub qmv_sel: Kernel,
+    pub qmv_swiglu: Kernel,
+    pub moe_down: Kernel,
     pub qmm: Kernel,
     pub swiglu: Kernel,
     pub embed: Kernel,
@@ -80,11 +84,18 @@ pub struct Gpu {
     pub name: String,
     pub cc: (i32, i32),
     pub sms: i32,
+    /// Dynamic shared memory one block may use (bytes).
+    pub max_smem: u32,
     pub budget: u64,
     used: AtomicU64,
     module: sys::CUmodule,
     /// Seconds NVRTC took (0 when the disk cache had the kernels).
     pub compile_s: f64,
+    /// Launch kernels with programmatic dependent launch (Hopper and later, unless
+    /// `BROOK_CUDA_PDL=0`): a kernel may start while the one before it finishes.
+    pub pdl: bool,
+    /// The last work queued on the stream was a kernel (only then may the next overlap it).
+    after_kernel: AtomicBool,
 }
 
 // SAFETY: the context, stream and module handles are plain driver handles, valid from any
@@ -142,7 +153,11 @@ impl Gpu {
                 .map_err(|e| err(&format!("finding kernel {n}"), e))
         };
         let k = Kernels {
-            qmv: f("qmv")?,
+            qmv1: f("qmv1")?,
+            qmv4: f("qmv4")?,
+            qmv_sel: f("qmv_sel")?,
+            qmv_swiglu: f("qmv_swiglu")?,
+            moe_down: f("moe_down")?,
             qmm: f("qmm")?,
             swiglu: f("swiglu")?,
             embed: f("embed")?,
@@ -162,6 +177,22 @@ impl Gpu {
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
         };
+        // The matrix-vector kernels stage their activations in dynamic shared memory: allow
+        // them all the device offers.
+        let max_smem =
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+        for f in [k.qmv1, k.qmv4, k.qmv_sel, k.qmv_swiglu, k.moe_down] {
+            // SAFETY: a kernel of the loaded module; the value is the device's own limit.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_smem,
+                )
+            }
+            .result()
+            .map_err(|e| err("configuring shared memory", e))?;
+        }
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| err("creating a stream", e))?;
         Ok(Arc::new(Gpu {
@@ -172,10 +203,13 @@ impl Gpu {
             name,
             cc,
             sms,
+            max_smem: max_smem as u32,
             budget,
             used: AtomicU64::new(0),
             module,
             compile_s,
+            pdl: cc.0 >= 9 && std::env::var("BROOK_CUDA_PDL").map_or(true, |v| v != "0"),
+            after_kernel: AtomicBool::new(false),
         }))
     }
 
@@ -253,6 +287,33 @@ impl Gpu {
         for (i, p) in ptrs.iter_mut().enumerate().take(args.n) {
             *p = args.store[i].as_mut_ptr() as *mut c_void;
         }
+        // Overlap only a kernel that follows a kernel: copies and events keep full ordering.
+        if self.pdl && self.after_kernel.swap(true, Ordering::Relaxed) {
+            // SAFETY: plain data; every field used is set below.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: self.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; every kernel of the module waits (PDL_SYNC) before it reads
+            // what the previous one wrote, so overlapping their launches is allowed.
+            return unsafe {
+                sys::cuLaunchKernelEx(&cfg, f.0, ptrs.as_mut_ptr(), std::ptr::null_mut())
+            }
+            .result()
+            .map_err(|e| err("launching a kernel", e));
+        }
         // SAFETY: f is a kernel of our module; every argument was pushed in the order and
         // with the type the kernel declares (kernels.cu), and lives in `args` for the call.
         unsafe {
@@ -268,6 +329,12 @@ impl Gpu {
         .map_err(|e| err("launching a kernel", e))
     }
 
+    /// Notes that work other than a kernel (a copy, an event, a graph) was queued: the next
+    /// kernel launches with full ordering.
+    pub fn queued_other(&self) {
+        self.after_kernel.store(false, Ordering::Relaxed);
+    }
+
     /// Copies `bytes` from host memory into device memory asynchronously. The host memory
     /// must stay untouched until the stream passes this point (pinned memory for overlap).
     ///
@@ -275,6 +342,7 @@ impl Gpu {
     /// `src` must be valid for `bytes` until the copy has run; `dst` must be device memory of
     /// at least `bytes`.
     pub unsafe fn copy_in_async(&self, dst: u64, src: *const u8, bytes: usize) -> Result<()> {
+        self.queued_other();
         // SAFETY: by the caller's contract.
         unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src as *const c_void, bytes, self.stream) }
             .result()
@@ -283,6 +351,7 @@ impl Gpu {
 
     /// Copies device memory to the host, waiting for the stream first.
     pub fn copy_out<T: Copy>(&self, src: u64, dst: &mut [T]) -> Result<()> {
+        self.queued_other();
         // SAFETY: dst is a valid host slice; src holds at least that many bytes (callers).
         unsafe {
             sys::cuMemcpyDtoHAsync_v2(
@@ -299,6 +368,7 @@ impl Gpu {
 
     /// Device-to-device copy on the stream.
     pub fn copy_dd(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        self.queued_other();
         // SAFETY: both are device allocations of at least `bytes` (callers).
         unsafe { result::memcpy_dtod_async(dst, src, bytes, self.stream) }
             .map_err(|e| err("copying on the GPU", e))
@@ -343,6 +413,7 @@ impl DevBuf {
             )));
         }
         self.gpu.sync()?;
+        self.gpu.queued_other();
         // SAFETY: in bounds (checked); synchronous copy from a live host slice.
         unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr() as *const c_void, n) }
             .result()
@@ -351,6 +422,7 @@ impl DevBuf {
 
     /// Zeroes the buffer (queued on the stream).
     pub fn zero(&self) -> Result<()> {
+        self.gpu.queued_other();
         // SAFETY: the buffer's own extent.
         unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, self.gpu.stream) }
             .map_err(|e| err("clearing GPU memory", e))

@@ -354,6 +354,7 @@ impl CudaModel {
         }
         let exec = dev.graph.as_ref().map(|(_, g)| g.exec);
         if let Some(exec) = exec {
+            self.gpu.queued_other();
             // SAFETY: an instantiated graph whose buffers (engine scratch, this state) live.
             unsafe { result::graph::launch(exec, self.gpu.stream) }
                 .map_err(|e| crate::gpu::err("launching the decode graph", e))?;

@@ -1,13 +1,53 @@
 //! Launchers of the matrix kernels, shared by the forward pass and the kernel tests.
 
-use brook_core::Result;
+use brook_core::{Error, Result};
 
 use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
-/// y[v, r] = W·x[v / xdiv] over the rows of m1 then m2, one warp per row, `nvec` vectors.
-/// With `sel` (a device array of expert ids), vector v uses the slot of expert sel[v] in
-/// the table `tab`.
+/// Warps per block of the matrix-vector kernels.
+const QMV_WARPS: usize = 8;
+
+/// Bytes of shared memory for `n` activations in the kernels' padded layout (4 floats of
+/// padding after every 32; kernels.cu `pad`).
+fn padded_bytes(n: usize) -> usize {
+    (n + n / 32 * 4 + 4) * 4
+}
+
+/// Shared memory for activations of `cols`, or an error naming the limit.
+fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
+    let b = padded_bytes(cols);
+    if b > g.max_smem as usize {
+        return Err(Error::Device(format!(
+            "a matrix with {cols} columns needs {b} bytes of shared memory per block; this GPU allows {}",
+            g.max_smem
+        )));
+    }
+    Ok(b as u32)
+}
+
+/// Rows per warp step (4 when every resident block gets a step of 4, else 1 to spread a
+/// small matrix over more warps) and the blocks along x for `rows` of each of `nvec`
+/// vectors: one step each, at most two resident per SM in all (the kernels stride over the
+/// rest).
+fn qmv_kernel(g: &Gpu, rw: i32) -> crate::gpu::Kernel {
+    if rw == 4 { g.k.qmv4 } else { g.k.qmv1 }
+}
+
+fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
+    let resident = 2 * g.sms.max(1) as usize;
+    let rw = if rows * nvec >= resident * QMV_WARPS * 4 {
+        4
+    } else {
+        1
+    };
+    let per_vec = (resident / nvec.max(1)).max(1);
+    let bx = rows.div_ceil(QMV_WARPS * rw).clamp(1, per_vec);
+    (rw as i32, bx as u32)
+}
+
+/// y[v, r] = W·x[v / xdiv] over the rows of m1 then m2, `nvec` vectors. With `sel` (a
+/// device array of expert ids), vector v uses the slot of expert sel[v] in the table `tab`.
 #[allow(clippy::too_many_arguments)]
 pub fn qmv(
     g: &Gpu,
@@ -20,10 +60,133 @@ pub fn qmv(
     x: u64,
     y: u64,
 ) -> Result<()> {
-    let rows = (m1.rows + m2.rows) as u32;
+    if sel != 0 {
+        return qmv_experts(
+            g,
+            m1,
+            m2,
+            tab,
+            sel,
+            nvec,
+            xdiv,
+            [Mat::NONE; 2],
+            false,
+            x,
+            y,
+            0,
+        );
+    }
+    let rows = (m1.rows + m2.rows) as usize;
+    let smem = smem_for(g, m1.cols as usize)?;
+    let (rw, bx) = geometry(g, rows, nvec);
     let mut a = Args::new();
-    a.arg(m1).arg(m2).arg(tab).arg(sel).arg(xdiv).arg(x).arg(y);
-    g.launch(g.k.qmv, (rows.div_ceil(4), nvec as u32, 1), 128, 0, &mut a)
+    a.arg(m1).arg(m2).arg(Mat::NONE).arg(Mat::NONE);
+    a.arg(xdiv).arg(x).arg(y);
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
+}
+
+/// y = [m0; m1; m2; m3]·x for one vector: up to four matrices that read the same input in
+/// one launch (their outputs follow each other in y).
+pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
+    let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
+    let smem = smem_for(g, m[0].cols as usize)?;
+    let (rw, bx) = geometry(g, rows, 1);
+    let mut a = Args::new();
+    for m in m {
+        a.arg(m);
+    }
+    a.arg(1i32).arg(x).arg(y);
+    g.launch(qmv_kernel(g, rw), (bx, 1, 1), 256, smem, &mut a)
+}
+
+/// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert
+/// sel[v] (rows of m1 then m2, through the slot table) times x[v / xdiv] into y[v, ·]; with
+/// `shared` rows, the shared expert's [gate; up] times x[0] into `ys`. With `swiglu`, m1
+/// and m2 (and the shared pair) are gate and up projections and the outputs are
+/// silu(gate·x)·(up·x): m1.rows values per vector.
+#[allow(clippy::too_many_arguments)]
+pub fn qmv_experts(
+    g: &Gpu,
+    m1: Mat,
+    m2: Mat,
+    tab: u64,
+    sel: u64,
+    nsel: usize,
+    xdiv: i32,
+    shared: [Mat; 2],
+    swiglu: bool,
+    x: u64,
+    y: u64,
+    ys: u64,
+) -> Result<()> {
+    let srows = (shared[0].rows + shared[1].rows) as usize;
+    let rows = ((m1.rows + m2.rows) as usize).max(srows);
+    let nvec = nsel + usize::from(srows > 0);
+    let smem = smem_for(g, m1.cols as usize)?;
+    let resident = 2 * g.sms.max(1) as usize;
+    let per_vec = (resident / nvec.max(1)).max(1);
+    let mut a = Args::new();
+    if swiglu {
+        // Two gate and two up rows per warp step.
+        let bx = (m1.rows as usize).div_ceil(QMV_WARPS * 2).clamp(1, per_vec) as u32;
+        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
+        a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
+        return g.launch(g.k.qmv_swiglu, (bx, nvec as u32, 1), 256, smem, &mut a);
+    }
+    let bx = rows.div_ceil(QMV_WARPS).clamp(1, per_vec) as u32;
+    a.arg(m1)
+        .arg(m2)
+        .arg(tab)
+        .arg(sel)
+        .arg(nsel as i32)
+        .arg(xdiv);
+    a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
+    g.launch(g.k.qmv_sel, (bx, nvec as u32, 1), 256, smem, &mut a)
+}
+
+/// Whether [`moe_down`] takes these down projections for `k` experts: 4- or 8-bit codes in
+/// 8-byte units within a group, and the activations within 48 KiB of shared memory.
+pub fn moe_down_fits(down: &Mat, sdown: &Mat, k: usize) -> bool {
+    let unit = |m: &Mat| {
+        (m.bits == 4 || m.bits == 8)
+            && (m.cols * m.bits) % 64 == 0
+            && (m.group * m.bits) % 64 == 0
+            && m.group.count_ones() == 1
+            && m.w.is_multiple_of(8)
+    };
+    let smem = padded_bytes(k * down.cols as usize + sdown.cols as usize);
+    unit(down) && unit(sdown) && down.rows == sdown.rows && k <= 32 && smem <= 48 << 10
+}
+
+/// One token's MoE output in one launch (see kernels.cu `moe_down`): the down projections
+/// of the routed experts' SwiGLU outputs `h` ([k][I]) and the shared expert's `hs`, weighted
+/// by the router and the shared expert's sigmoid gate `sg`, into `out`. Check
+/// [`moe_down_fits`] first.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_down(
+    g: &Gpu,
+    down: Mat,
+    tab: u64,
+    sel: u64,
+    wts: u64,
+    k: usize,
+    sdown: Mat,
+    sg: u64,
+    h: u64,
+    hs: u64,
+    out: u64,
+) -> Result<()> {
+    let smem = padded_bytes(k * down.cols as usize + sdown.cols as usize) as u32;
+    let mut a = Args::new();
+    a.arg(down).arg(tab).arg(sel).arg(wts).arg(k as i32);
+    a.arg(sdown).arg(sg).arg(h).arg(hs).arg(out);
+    g.launch(
+        g.k.moe_down,
+        ((down.rows as u32).div_ceil(8), 1, 1),
+        256,
+        smem,
+        &mut a,
+    )
 }
 
 /// The tiled product for many vectors: `t` tokens (dense), or with `tab` the (token, k)

@@ -74,9 +74,9 @@ impl Scratch {
             x: f(c * h, "activations")?,
             normed: f(c * h, "activations")?,
             delta: f(c * h, "activations")?,
-            // One-token steps put z after qkv, a after b, k after the queries and the shared
-            // expert's gate after the router logits (one launch each pair).
-            qkv: f(c * cd + nv * dv, "DeltaNet scratch")?,
+            // One-token steps put z, b and a after qkv, k and v after the queries and the
+            // shared expert's gate after the router logits (one launch each).
+            qkv: f(c * cd + nv * dv + 2 * nv, "DeltaNet scratch")?,
             conv: f(c * cd, "DeltaNet scratch")?,
             z: f(c * nv * dv, "DeltaNet scratch")?,
             b: f(c * nv + nv, "DeltaNet scratch")?,
@@ -85,7 +85,7 @@ impl Scratch {
             g: f(c * nv, "DeltaNet scratch")?,
             o: f(c * nv * dv, "DeltaNet scratch")?,
             y: f(c * nv * dv, "DeltaNet scratch")?,
-            qg: f(c * nq * hd * 2 + nkv * hd, "attention scratch")?,
+            qg: f(c * nq * hd * 2 + 2 * nkv * hd, "attention scratch")?,
             k: f(c * nkv * hd, "attention scratch")?,
             v: f(c * nkv * hd, "attention scratch")?,
             q: f(c * nq * hd, "attention scratch")?,
