@@ -241,21 +241,21 @@ __device__ __forceinline__ void unit_dot(const u32 (&v)[R][VW], bool four, const
 // The loads of one round of R rows of a fast-form matrix: NU 16-byte units per lane (unit
 // u0 + lane + 32·i) with their scales and biases.
 #define NU 2
-template <int R>
+template <int R, int N = NU>
 struct Round {
-    u32 v[NU][R][4];
-    float sc[NU][R], bi[NU][R];
+    u32 v[N][R][4];
+    float sc[N][R], bi[N][R];
 };
 
-template <int R>
-__device__ __forceinline__ void issue(const Mat& m, u64 base, int r0, int u0, Round<R>& f) {
+template <int R, int N = NU>
+__device__ __forceinline__ void issue(const Mat& m, u64 base, int r0, int u0, Round<R, N>& f) {
     int lane = threadIdx.x & 31;
     int words = (m.cols * m.bits) >> 5, units = words >> 2;
     // Units per group: a power of two (fast() checks the group is one).
     int ush = __ffs(((m.group * m.bits) >> 5) >> 2) - 1, gpr = m.cols / m.group;
     const u32* W = (const u32*)(base + m.w);
 #pragma unroll
-    for (int i = 0; i < NU; i++) {
+    for (int i = 0; i < N; i++) {
         int u = u0 + lane + 32 * i;
         bool ok = u < units;
 #pragma unroll
@@ -276,13 +276,13 @@ __device__ __forceinline__ void issue(const Mat& m, u64 base, int r0, int u0, Ro
     }
 }
 
-template <int R>
-__device__ __forceinline__ void consume(const Mat& m, int u0, const Round<R>& f, const float* xs,
-                                        float (&acc)[R]) {
+template <int R, int N = NU>
+__device__ __forceinline__ void consume(const Mat& m, int u0, const Round<R, N>& f,
+                                        const float* xs, float (&acc)[R]) {
     int lane = threadIdx.x & 31;
     int units = (m.cols * m.bits) >> 7, vpu = 128 / m.bits;
 #pragma unroll
-    for (int i = 0; i < NU; i++) {
+    for (int i = 0; i < N; i++) {
         int u = u0 + lane + 32 * i;
         if (u >= units) break;
         unit_dot<4, R>(f.v[i], m.bits == 4, xs + pad(u * vpu), f.sc[i], f.bi[i], acc);
@@ -291,16 +291,16 @@ __device__ __forceinline__ void consume(const Mat& m, int u0, const Round<R>& f,
 
 // Rows r0..r0+R−1 of a fast-form m times the staged x; `f` holds the first round's loads
 // already issued.
-template <int R>
-__device__ void rows_fast(const Mat& m, u64 base, int r0, Round<R>& f, const float* xs,
+template <int R, int N = NU>
+__device__ void rows_fast(const Mat& m, u64 base, int r0, Round<R, N>& f, const float* xs,
                           float (&out)[R]) {
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
     int units = (m.cols * m.bits) >> 7;
-    for (int u0 = 0; u0 < units; u0 += 32 * NU) {
-        if (u0 > 0) issue<R>(m, base, r0, u0, f);
-        consume<R>(m, u0, f, xs, acc);
+    for (int u0 = 0; u0 < units; u0 += 32 * N) {
+        if (u0 > 0) issue<R, N>(m, base, r0, u0, f);
+        consume<R, N>(m, u0, f, xs, acc);
     }
 #pragma unroll
     for (int r = 0; r < R; r++) out[r] = warp_sum(acc[r]);
@@ -399,19 +399,19 @@ __device__ void swiglu_rows(const Mat& g, const Mat& u, u64 base, const float* _
     int j0 = (blockIdx.x * nw + (threadIdx.x >> 5)) * 2;
     bool lead = (threadIdx.x & 31) == 0;
     bool both = fast<4>(g, base) && fast<4>(u, base);
-    Round<2> fg, fu;
+    Round<2, 1> fg, fu;
     bool ok = both && j0 + 2 <= I;
     if (ok) {
-        issue<2>(g, base, j0, 0, fg);
-        issue<2>(u, base, j0, 0, fu);
+        issue<2, 1>(g, base, j0, 0, fg);
+        issue<2, 1>(u, base, j0, 0, fu);
     }
     PDL_SYNC();
     stage(x, xs, g.cols);
     while (j0 < I) {
         float dg[2] = {0.0f, 0.0f}, du[2] = {0.0f, 0.0f};
         if (ok) {
-            rows_fast<2>(g, base, j0, fg, xs, dg);
-            rows_fast<2>(u, base, j0, fu, xs, du);
+            rows_fast<2, 1>(g, base, j0, fg, xs, dg);
+            rows_fast<2, 1>(u, base, j0, fu, xs, du);
         } else {
             for (int i = 0; i < 2 && j0 + i < I; i++) {
                 dg[i] = one_row(g, base, j0 + i, xs);
@@ -423,8 +423,8 @@ __device__ void swiglu_rows(const Mat& g, const Mat& u, u64 base, const float* _
         j0 += stride;
         ok = both && j0 + 2 <= I;
         if (ok) {
-            issue<2>(g, base, j0, 0, fg);
-            issue<2>(u, base, j0, 0, fu);
+            issue<2, 1>(g, base, j0, 0, fg);
+            issue<2, 1>(u, base, j0, 0, fu);
         }
     }
 }
@@ -474,7 +474,7 @@ extern "C" __global__ void __launch_bounds__(256, 2) qmv_sel(Mat m0, Mat m1, con
 // qmv_sel's SwiGLU form for one token: vector v < nsel is routed expert sel[v], vector nsel
 // (when the grid has it) the shared expert; h[v, j] = silu(gate[j]·x) · (up[j]·x) for the
 // gate rows g (sg for the shared one) and up rows u (su), into y[v, ·] and ys.
-extern "C" __global__ void __launch_bounds__(256, 2) qmv_swiglu(Mat g, Mat u, const u64* __restrict__ tab,
+extern "C" __global__ void __launch_bounds__(256, 3) qmv_swiglu(Mat g, Mat u, const u64* __restrict__ tab,
                                                              const int* __restrict__ sel, int nsel,
                                                              Mat sg, Mat su,
                                                              const float* __restrict__ x,
@@ -492,13 +492,37 @@ extern "C" __global__ void __launch_bounds__(256, 2) qmv_swiglu(Mat g, Mat u, co
     }
 }
 
+#define KB 8
+// Loads of up to KB experts' unit u0 + lane of row r of their down projections (the slot of
+// expert k in lane k of `mybase`).
+template <int VW>
+__device__ __forceinline__ void down_batch(const Mat& down, u64 mybase, int K, int r, bool on,
+                                           int u0, int k0, int words, int units, int ush, int gpr,
+                                           u32 (&v)[KB][1][VW], float (&sc)[KB], float (&bi)[KB]) {
+    int u = u0 + (threadIdx.x & 31);
+    bool ok = on && u < units;
+#pragma unroll
+    for (int kk = 0; kk < KB; kk++) {
+        u64 base = __shfl_sync(0xffffffffu, mybase, (k0 + kk) & 31);
+        if (ok && k0 + kk < K && base != 0) {
+            load_unit<VW>((const u32*)(base + down.w) + (long long)r * words + u * VW, v[kk][0]);
+            long long gi = (long long)r * gpr + (u >> ush);
+            sc[kk] = ldsb(base + down.s, down.stype, gi);
+            bi[kk] = ldsb(base + down.b, down.stype, gi);
+        } else {
+#pragma unroll
+            for (int w = 0; w < VW; w++) v[kk][0][w] = 0u;
+            sc[kk] = bi[kk] = 0.0f;
+        }
+    }
+}
+
 // One token's expert outputs and their combination, in one launch: out[r] = Σ_k wts[k] ·
 // (down of expert sel[k] · h_k)[r] + sigmoid(sg) · (sdown · h_s)[r], with h_k the routed
 // experts' silu(gate)·up ([K][I]) and h_s the shared expert's ([IS]). One warp per row; a
 // lane issues the loads of up to 8 experts before using any, and the shared expert's before
 // PDL_SYNC. The host checks that both downs have the fast form for 8-byte units and that
 // the activations fit in shared memory.
-#define KB 8
 extern "C" __global__ void __launch_bounds__(256) moe_down(Mat down, const u64* __restrict__ tab,
                                                            const int* __restrict__ sel,
                                                            const float* __restrict__ wts, int K,
@@ -528,34 +552,25 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(Mat down, const u64* 
     // Lane k keeps expert k's slot and weight (K ≤ 32, checked by the host).
     u64 mybase = lane < K ? tab[sel[lane]] : 0;
     float myw = lane < K ? wts[lane] : 0.0f;
-    for (int i = threadIdx.x; i < K * I; i += blockDim.x) hs[pad(i)] = h[i];
-    for (int i = threadIdx.x; i < IS; i += blockDim.x) hs[pad(K * I + i)] = hsh[i];
-    __syncthreads();
-    if (!on) return;
     bool four = down.bits == 4;
     int words = (I * down.bits) >> 5, units = words / VW;
     int ush = __ffs(((down.group * down.bits) >> 5) / VW) - 1, gpr = I / down.group;
     int vpu = VW * 32 / down.bits;
+    u32 v[KB][1][VW];
+    float sc[KB], bi[KB];
+    // The first batch of expert loads goes out before the activations are staged.
+    down_batch<VW>(down, mybase, K, r, on, 0, 0, words, units, ush, gpr, v, sc, bi);
+    for (int i = threadIdx.x; i < K * I; i += blockDim.x) hs[pad(i)] = h[i];
+    for (int i = threadIdx.x; i < IS; i += blockDim.x) hs[pad(K * I + i)] = hsh[i];
+    __syncthreads();
+    if (!on) return;
     float acc = 0.0f;
     for (int u0 = 0; u0 < units; u0 += 32) {
         int u = u0 + lane;
         bool ok = u < units;
         for (int k0 = 0; k0 < K; k0 += KB) {
-            u32 v[KB][1][VW];
-            float sc[KB], bi[KB];
-#pragma unroll
-            for (int kk = 0; kk < KB; kk++) {
-                u64 base = __shfl_sync(0xffffffffu, mybase, (k0 + kk) & 31);
-                if (ok && k0 + kk < K && base != 0) {
-                    load_unit<VW>((const u32*)(base + down.w) + (long long)r * words + u * VW, v[kk][0]);
-                    long long gi = (long long)r * gpr + (u >> ush);
-                    sc[kk] = ldsb(base + down.s, down.stype, gi);
-                    bi[kk] = ldsb(base + down.b, down.stype, gi);
-                } else {
-                    v[kk][0][0] = v[kk][0][1] = 0u;
-                    sc[kk] = bi[kk] = 0.0f;
-                }
-            }
+            if (u0 > 0 || k0 > 0)
+                down_batch<VW>(down, mybase, K, r, on, u0, k0, words, units, ush, gpr, v, sc, bi);
 #pragma unroll
             for (int kk = 0; kk < KB; kk++) {
                 float w = __shfl_sync(0xffffffffu, myw, (k0 + kk) & 31);
