@@ -371,6 +371,7 @@ impl CudaModel {
 
     /// Queues embedding, every layer and the final norm for `t` staged tokens.
     fn enqueue_layers(&mut self, dev: &mut DeviceSeq, t: usize) -> Result<()> {
+        self.gpu.overlap_launches(t == 1);
         // A reference count, not a copy of the config, so `self` stays free to borrow.
         let model = self.model.clone();
         let cfg = &model.cfg;
