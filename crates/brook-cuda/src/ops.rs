@@ -35,7 +35,11 @@ fn qmv_kernel(g: &Gpu, rw: i32) -> crate::gpu::Kernel {
 }
 
 fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
-    let resident = 2 * g.sms.max(1) as usize;
+    geometry_for(g.sms.max(1) as usize, rows, nvec)
+}
+
+fn geometry_for(sms: usize, rows: usize, nvec: usize) -> (i32, u32) {
+    let resident = 2 * sms;
     let rw = if rows * nvec >= resident * QMV_WARPS * 4 {
         4
     } else {
@@ -234,5 +238,50 @@ pub fn linear(g: &Gpu, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()>
         qmv(g, m1, m2, 0, 0, 1, 1, x, y)
     } else {
         qmm(g, m1, m2, 0, 0, 0, 0, 1, t, x, y, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn padding_adds_four_floats_per_32_and_a_spare() {
+        assert_eq!(padded_bytes(0), 16);
+        assert_eq!(padded_bytes(32), (32 + 4 + 4) * 4);
+        assert_eq!(padded_bytes(2048), (2048 + 256 + 4) * 4);
+    }
+
+    #[test]
+    fn large_matrices_take_four_rows_a_step_and_at_most_two_blocks_per_sm() {
+        // The H200's 132 SMs: the 35B's DeltaNet projections and head, its router, and the
+        // output projection.
+        assert_eq!(geometry_for(132, 12352, 1), (4, 264));
+        assert_eq!(geometry_for(132, 248320, 1), (4, 264));
+        assert_eq!(geometry_for(132, 257, 1), (1, 33));
+        assert_eq!(geometry_for(132, 2048, 1), (1, 256));
+        // Several vectors share the resident blocks.
+        assert_eq!(geometry_for(132, 1024, 9), (4, 29));
+        assert_eq!(geometry_for(4, 1, 1), (1, 1));
+    }
+
+    #[test]
+    fn the_fused_down_kernel_takes_4_and_8_bit_power_of_two_groups_that_fit() {
+        let m = |bits, group, cols| Mat {
+            rows: 2048,
+            cols,
+            bits,
+            group,
+            ..Mat::NONE
+        };
+        assert!(moe_down_fits(&m(4, 64, 512), &m(4, 64, 512), 8));
+        assert!(moe_down_fits(&m(8, 32, 512), &m(4, 64, 512), 10));
+        assert!(!moe_down_fits(&m(3, 64, 512), &m(4, 64, 512), 8));
+        assert!(!moe_down_fits(&m(4, 48, 480), &m(4, 64, 512), 8));
+        // Activations beyond 48 KiB of shared memory.
+        assert!(!moe_down_fits(&m(4, 64, 2048), &m(4, 64, 2048), 8));
+        let mut other = m(4, 64, 512);
+        other.rows = 1024;
+        assert!(!moe_down_fits(&m(4, 64, 512), &other, 8));
     }
 }
