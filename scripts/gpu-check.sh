@@ -2,7 +2,7 @@
 # The CUDA backend's tests and benchmarks in one call, on a machine with an NVIDIA GPU and
 # no Rust toolchain. Build the binaries on any x86-64 Linux machine with Rust first:
 #
-#   scripts/gpu-check.sh build          # writes dist/gpu/brook and dist/gpu/gpu-tests
+#   scripts/gpu-check.sh build [DIR]    # writes DIR/brook and DIR/gpu-tests (DIR: dist/gpu)
 #
 # then copy the repository (with dist/gpu) to the GPU machine and, from its root, run
 #
@@ -14,22 +14,27 @@
 # expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
 # prints a table per model. BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
 # BUDGETS the budgets (default "resident 8GiB 4GiB 2GiB"), RESULTS_DIR keeps the JSON rows.
+# BINS lists build directories to compare (default dist/gpu): each one's tests run, and each
+# budget is benchmarked with every build back to back, so a change is measured against its
+# baseline in one call (e.g. build the baseline into dist/base first, then
+# BINS="dist/base dist/gpu").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 case "${1:-}" in
 build)
+    out=${2:-dist/gpu}
     cargo build --release -p brook-cli
     exe=$(cargo test --release -p brook-cuda --test gpu --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
     m=json.loads(l)
     if m.get("reason")=="compiler-artifact" and m.get("executable") and m["target"]["name"]=="gpu": print(m["executable"])' | tail -1)
-    mkdir -p dist/gpu
-    cp target/release/brook dist/gpu/brook
-    cp "$exe" dist/gpu/gpu-tests
-    strip dist/gpu/brook dist/gpu/gpu-tests 2>/dev/null || true
-    echo "built dist/gpu/brook and dist/gpu/gpu-tests"
+    mkdir -p "$out"
+    cp target/release/brook "$out/brook"
+    cp "$exe" "$out/gpu-tests"
+    strip "$out/brook" "$out/gpu-tests" 2>/dev/null || true
+    echo "built $out/brook and $out/gpu-tests"
     ;;
 run)
     work=${2:-/tmp/brook-gpu}
@@ -38,37 +43,48 @@ run)
     mkdir -p "$work"
     export BROOK_HOME="$work/home" BROOK_FIXTURES="$PWD/tests/fixtures"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-    echo "== GPU tests"
-    dist/gpu/gpu-tests --test-threads 1 2>&1 | grep -E "^test |rel err|vs mlx|result|panicked|skipping" || true
+    bins=${BINS:-dist/gpu}
+    first=${bins%% *}
+    for b in $bins; do
+        echo "== GPU tests ($b)"
+        "$b/gpu-tests" --test-threads 1 2>&1 | grep -E "^test |rel err|vs mlx|result|panicked|skipping" || true
+    done
     for m in $models; do
         rm -rf "$work/model"
         echo "== synth $m"
-        dist/gpu/brook synth --preset "$m" --out "$work/model" --container >/dev/null
+        "$first/brook" synth --preset "$m" --out "$work/model" --container >/dev/null
         rows="$work/$m.jsonl"
         : >"$rows"
         for budget in ${BUDGETS:-resident 8GiB 4GiB 2GiB}; do
             flags=()
             [ "$budget" != resident ] && flags=(--gpu-memory-budget "$budget")
-            echo "== bench $m $budget"
-            # shellcheck disable=SC2086
-            dist/gpu/brook bench --model "$work/model" --backend cuda "${flags[@]}" \
-                $bench_args --json >>"$rows" || echo "bench failed for budget $budget"
+            for b in $bins; do
+                echo "== bench $m $budget ($b)"
+                # shellcheck disable=SC2086
+                if "$b/brook" bench --model "$work/model" --backend cuda "${flags[@]}" \
+                    $bench_args --json >"$work/row.json"; then
+                    python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); r["build"]=sys.argv[2]; print(json.dumps(r))' \
+                        "$work/row.json" "$b" >>"$rows"
+                else
+                    echo "bench failed for budget $budget ($b)"
+                fi
+            done
         done
         python3 - "$rows" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
-print("| model | GPU budget | slots | pp t/s | TTFT s | tg t/s | hit | GB copied/tok | syncs/tok | HBM GB/s | H2D GB/s | disk GB/s | limit tok/s | tg/limit | host RSS GB |")
-print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+print("| build | model | GPU budget | slots | pp t/s | TTFT s | tg t/s | hit | GB copied/tok | syncs/tok | HBM GB/s | H2D GB/s | disk GB/s | limit tok/s | tg/limit | host RSS GB |")
+print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 for r in rows:
     g = r.get("gpu") or {}
     lim = g.get("limit_tok_s", 0) or 1e-9
-    print(f'| {r["model"]} | {g.get("budget_bytes",0)/2**30:.1f} GiB | {g.get("slots")}{" (all)" if g.get("resident") else ""} | {r["pp_tok_s"]:.1f} | {r["ttft_s"]:.3f} | {r["tg_tok_s"]:.1f} | {100*g.get("hit_rate",0):.1f}% | {g.get("bytes_copied_per_token",0)/1e9:.3f} | {g.get("syncs_per_token",0):.1f} | {g.get("hbm_gb_s",0):.0f} | {g.get("h2d_gb_s",0):.1f} | {r["disk_bw_gb_s"]:.2f} | {lim:.1f} | {100*r["tg_tok_s"]/lim:.0f}% | {r["peak_rss_bytes"]/1e9:.2f} |')
+    print(f'| {r["build"]} | {r["model"]} | {g.get("budget_bytes",0)/2**30:.1f} GiB | {g.get("slots")}{" (all)" if g.get("resident") else ""} | {r["pp_tok_s"]:.1f} | {r["ttft_s"]:.3f} | {r["tg_tok_s"]:.1f} | {100*g.get("hit_rate",0):.1f}% | {g.get("bytes_copied_per_token",0)/1e9:.3f} | {g.get("syncs_per_token",0):.1f} | {g.get("hbm_gb_s",0):.0f} | {g.get("h2d_gb_s",0):.1f} | {r["disk_bw_gb_s"]:.2f} | {lim:.1f} | {100*r["tg_tok_s"]/lim:.0f}% | {r["peak_rss_bytes"]/1e9:.2f} |')
 PY
         [ -n "${RESULTS_DIR:-}" ] && cp "$rows" "$RESULTS_DIR/"
     done
     ;;
 *)
-    echo "usage: scripts/gpu-check.sh build | run [WORKDIR] [MODELS]" >&2
+    echo "usage: scripts/gpu-check.sh build [DIR] | run [WORKDIR] [MODELS]" >&2
     exit 2
     ;;
 esac
