@@ -180,9 +180,11 @@ impl Gpu {
             attention: f("attention")?,
         };
         // The matrix-vector kernels stage their activations in dynamic shared memory: allow
-        // them all the device offers.
+        // them what the device offers, less 1 KiB for any static shared memory of their own
+        // (the limit counts both, and the attribute is refused past it).
         let max_smem =
-            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
+            attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
+                - 1024;
         for f in [k.qmv1, k.qmv4, k.qmv_sel, k.qmv_swiglu, k.moe_down] {
             // SAFETY: a kernel of the loaded module; the value is the device's own limit.
             unsafe {
