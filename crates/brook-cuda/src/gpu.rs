@@ -16,7 +16,13 @@ use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
 
 /// The CUDA C source of every kernel.
-pub const SOURCE: &str = include_str!("kernels.cu");
+pub const SOURCE: &str = concat!(
+    include_str!("kernels/common.cu"),
+    include_str!("kernels/matvec.cu"),
+    include_str!("kernels/matmul.cu"),
+    include_str!("kernels/routing.cu"),
+    include_str!("kernels/mixers.cu"),
+);
 
 /// A GPU error as a brook error, naming what was being done.
 pub fn err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -321,7 +327,7 @@ impl Gpu {
             .map_err(|e| err("launching a kernel", e));
         }
         // SAFETY: f is a kernel of our module; every argument was pushed in the order and
-        // with the type the kernel declares (kernels.cu), and lives in `args` for the call.
+        // with the type the kernel declares (kernels/*.cu), and lives in `args` for the call.
         unsafe {
             result::launch_kernel(
                 f.0,

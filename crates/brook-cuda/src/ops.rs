@@ -9,7 +9,7 @@ use crate::weights::Mat;
 const QMV_WARPS: usize = 8;
 
 /// Bytes of shared memory for `n` activations in the kernels' padded layout (4 floats of
-/// padding after every 32; kernels.cu `pad`).
+/// padding after every 32; kernels/matvec.cu `pad`).
 fn padded_bytes(n: usize) -> usize {
     (n + n / 32 * 4 + 4) * 4
 }
@@ -162,7 +162,7 @@ pub fn moe_down_fits(down: &Mat, sdown: &Mat, k: usize) -> bool {
     unit(down) && unit(sdown) && down.rows == sdown.rows && k <= 32 && smem <= 48 << 10
 }
 
-/// One token's MoE output in one launch (see kernels.cu `moe_down`): the down projections
+/// One token's MoE output in one launch (see kernels/matvec.cu `moe_down`): the down projections
 /// of the routed experts' SwiGLU outputs `h` ([k][I]) and the shared expert's `hs`, weighted
 /// by the router and the shared expert's sigmoid gate `sg`, into `out`. Check
 /// [`moe_down_fits`] first.
@@ -194,7 +194,7 @@ pub fn moe_down(
 }
 
 /// The tiled product for many vectors: `t` tokens (dense), or with `tab` the (token, k)
-/// pairs of each of `groups` experts (see kernels.cu `qmm`).
+/// pairs of each of `groups` experts (see kernels/matmul.cu `qmm`).
 #[allow(clippy::too_many_arguments)]
 pub fn qmm(
     g: &Gpu,

@@ -1,5 +1,5 @@
 //! Weights in GPU memory: [`Mat`] describes one matrix to the kernels (the `Mat` struct of
-//! kernels.cu, field for field), [`DenseGpu`] holds the dense core uploaded once.
+//! kernels/common.cu, field for field), [`DenseGpu`] holds the dense core uploaded once.
 
 use std::sync::Arc;
 

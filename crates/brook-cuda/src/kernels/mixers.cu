@@ -1,0 +1,252 @@
+// The mixers: Gated DeltaNet (conv, prep, the recurrent rule, gated norm) and gated attention.
+
+// Causal depthwise conv with SiLU over [state (K-1 rows); qkv (T rows)], then the state keeps
+// the last K-1 rows. wt is the checkpoint's [cd, K]. One thread per channel.
+extern "C" __global__ void conv_silu(const float* __restrict__ qkv, float* __restrict__ state,
+                                     const float* __restrict__ wt, float* __restrict__ out,
+                                     int T, int cd, int KK) {
+    PDL_SYNC();
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= cd) return;
+    int s = KK - 1;
+    for (int t = 0; t < T; t++) {
+        float acc = 0.0f;
+        for (int m = 0; m < KK; m++) {
+            int i = t + m;
+            float v = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * cd + c];
+            acc += wt[c * KK + m] * v;
+        }
+        out[(long long)t * cd + c] = siluf_(acc);
+    }
+    for (int r = 0; r < s; r++) {
+        int i = T + r;
+        state[(long long)r * cd + c] = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * cd + c];
+    }
+}
+
+// q and k heads (inside the conv output, in place): q = rms_norm(q)·dk⁻¹, k = rms_norm(k)·dk^-½
+// with ε = 1e-6/dk; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias). One block per token.
+extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __restrict__ b,
+                                      const float* __restrict__ a, const float* __restrict__ A_log,
+                                      const float* __restrict__ dt_bias, float* __restrict__ beta,
+                                      float* __restrict__ g, int cd, int nk, int nv, int dk) {
+    PDL_SYNC();
+    int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float inv_scale = 1.0f / sqrtf((float)dk);
+    float eps = 1e-6f / (float)dk;
+    for (int hh = w; hh < 2 * nk; hh += nw) {
+        float* v = conv + (long long)t * cd + hh * dk;
+        float ss = 0.0f;
+        for (int i = lane; i < dk; i += 32) ss = fmaf(v[i], v[i], ss);
+        ss = warp_sum(ss);
+        float scale = hh < nk ? inv_scale * inv_scale : inv_scale;
+        float inv = 1.0f / sqrtf(ss / (float)dk + eps) * scale;
+        for (int i = lane; i < dk; i += 32) v[i] *= inv;
+    }
+    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+        int j = t * nv + i;
+        beta[j] = sigmoidf_(b[j]);
+        g[j] = -expf(A_log[i]) * softplusf_(a[j] + dt_bias[i]);
+    }
+}
+
+// The gated delta rule token by token. Block (h, column group): each lane owns one value
+// column j of head h's [dk, dv] state, kept in registers when DK > 0 (else in global memory).
+template <int DK>
+__device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
+                                const float* __restrict__ beta, float* __restrict__ state,
+                                float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv) {
+    PDL_SYNC();
+    extern __shared__ float sm[];   // q[dk], k[dk]
+    float* qs = sm;
+    float* ks = sm + dk;
+    int h = blockIdx.x, lane = threadIdx.x;
+    int j = blockIdx.y * 32 + lane;
+    int kh = h / (nv / nk), key_dim = nk * dk;
+    bool on = j < dv;
+    float* st = state + (long long)h * dk * dv;
+    float s[DK > 0 ? DK : 1];
+    if (DK > 0 && on)
+        for (int i = 0; i < DK; i++) s[i] = st[i * dv + j];
+    for (int t = 0; t < T; t++) {
+        const float* row = conv + (long long)t * cd;
+        for (int i = lane; i < dk; i += 32) {
+            qs[i] = row[kh * dk + i];
+            ks[i] = row[key_dim + kh * dk + i];
+        }
+        __syncwarp();
+        float alpha = expf(g[t * nv + h]), bt = beta[t * nv + h];
+        if (on) {
+            float v = row[2 * key_dim + h * dv + j];
+            float u = 0.0f;
+            if (DK > 0) {
+#pragma unroll
+                for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
+                    s[i] *= alpha;
+                    u = fmaf(s[i], ks[i], u);
+                }
+            } else {
+                for (int i = 0; i < dk; i++) {
+                    float x = st[i * dv + j] * alpha;
+                    st[i * dv + j] = x;
+                    u = fmaf(x, ks[i], u);
+                }
+            }
+            float delta = bt * (v - u);
+            float out = 0.0f;
+            if (DK > 0) {
+#pragma unroll
+                for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
+                    s[i] = fmaf(ks[i], delta, s[i]);
+                    out = fmaf(s[i], qs[i], out);
+                }
+            } else {
+                for (int i = 0; i < dk; i++) {
+                    float x = fmaf(ks[i], delta, st[i * dv + j]);
+                    st[i * dv + j] = x;
+                    out = fmaf(x, qs[i], out);
+                }
+            }
+            o[((long long)t * nv + h) * dv + j] = out;
+        }
+        __syncwarp();
+    }
+    if (DK > 0 && on)
+        for (int i = 0; i < DK; i++) st[i * dv + j] = s[i];
+}
+
+#define DELTA_RULE(NAME, DK)                                                                    \
+    extern "C" __global__ void NAME(const float* conv, const float* g, const float* beta,      \
+                                    float* state, float* o, int T, int cd, int nk, int nv,     \
+                                    int dk, int dv) {                                          \
+        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv);                   \
+    }
+DELTA_RULE(delta_rule_32, 32)
+DELTA_RULE(delta_rule_64, 64)
+DELTA_RULE(delta_rule_128, 128)
+DELTA_RULE(delta_rule_any, 0)
+
+// y = rms_norm(o; w) · silu(z) per value head, one warp per (token, head).
+extern "C" __global__ void gated_norm(const float* __restrict__ o, const float* __restrict__ z,
+                                      const float* __restrict__ w, float* __restrict__ y,
+                                      int rows, int dv, float eps) {
+    PDL_SYNC();
+    int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    const float* oh = o + (long long)r * dv;
+    float ss = 0.0f;
+    for (int i = lane; i < dv; i += 32) ss = fmaf(oh[i], oh[i], ss);
+    float inv = 1.0f / sqrtf(warp_sum(ss) / (float)dv + eps);
+    for (int i = lane; i < dv; i += 32)
+        y[(long long)r * dv + i] = oh[i] * inv * w[i] * siluf_(z[(long long)r * dv + i]);
+}
+
+// Attention inputs: q = rope(rms_norm(q)), gate split off, k = rope(rms_norm(k)) and v written
+// into the caches at positions meta[0] + t. Block (t, head): heads nq.. are kv heads. 64
+// threads; the head is staged in shared memory for the rotation.
+extern "C" __global__ void attn_prep(const float* __restrict__ qg, const float* __restrict__ k,
+                                     const float* __restrict__ v, const float* __restrict__ qn,
+                                     const float* __restrict__ kn, const double* __restrict__ inv_freq,
+                                     const int* __restrict__ meta, float* __restrict__ q,
+                                     float* __restrict__ gate, float* __restrict__ kc,
+                                     float* __restrict__ vc, int nq, int nkv, int hd, int rd,
+                                     int gated, float eps) {
+    PDL_SYNC();
+    extern __shared__ float buf[];   // [hd]
+    __shared__ float red[32];
+    int t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
+    int pos = meta[0] + t;
+    bool isq = head < nq;
+    int per = gated ? 2 * hd : hd;
+    const float* src = isq ? qg + ((long long)t * nq + head) * per
+                           : k + ((long long)t * nkv + (head - nq)) * hd;
+    const float* wn = isq ? qn : kn;
+    float ss = 0.0f;
+    for (int i = tid; i < hd; i += blockDim.x) ss = fmaf(src[i], src[i], ss);
+    float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)hd + eps);
+    for (int i = tid; i < hd; i += blockDim.x) buf[i] = src[i] * inv * wn[i];
+    __syncthreads();
+    int half = rd / 2;
+    float* dst = isq ? q + ((long long)t * nq + head) * hd
+                     : kc + ((long long)pos * nkv + (head - nq)) * hd;
+    for (int i = tid; i < hd; i += blockDim.x) {
+        float val = buf[i];
+        if (i < rd) {
+            int j = i < half ? i : i - half;
+            double ang = (double)pos * inv_freq[j];
+            float sn = (float)sin(ang), cs = (float)cos(ang);
+            val = i < half ? buf[j] * cs - buf[j + half] * sn : buf[j + half] * cs + buf[j] * sn;
+        }
+        dst[i] = val;
+    }
+    if (isq && gated)
+        for (int i = tid; i < hd; i += blockDim.x)
+            gate[((long long)t * nq + head) * hd + i] = src[hd + i];
+    if (!isq)
+        for (int i = tid; i < hd; i += blockDim.x)
+            vc[((long long)pos * nkv + (head - nq)) * hd + i] = v[((long long)t * nkv + (head - nq)) * hd + i];
+}
+
+// Causal attention with GQA over the cache, online softmax in tiles of blockDim positions;
+// output multiplied by sigmoid(gate). Block (t, head), 128 threads, hd ≤ 512.
+extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ gate,
+                                     const float* __restrict__ kc, const float* __restrict__ vc,
+                                     const int* __restrict__ meta, float* __restrict__ out,
+                                     int nq, int nkv, int hd, int gated, float scale) {
+    PDL_SYNC();
+    extern __shared__ float sh[];   // q[hd], p[blockDim]
+    __shared__ float red[32];
+    float* qs = sh;
+    float* ps = sh + hd;
+    int t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x, nt = blockDim.x;
+    int kvh = head / (nq / nkv);
+    int visible = meta[0] + t + 1;
+    for (int i = tid; i < hd; i += nt) qs[i] = q[((long long)t * nq + head) * hd + i];
+    __syncthreads();
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m = -INFINITY, l = 0.0f;
+    long long stride = (long long)nkv * hd;
+    for (int base = 0; base < visible; base += nt) {
+        int p = base + tid;
+        float sc = -INFINITY;
+        if (p < visible) {
+            const float* kp = kc + p * stride + kvh * hd;
+            float d = 0.0f;
+            for (int i = 0; i < hd; i++) d = fmaf(qs[i], kp[i], d);
+            sc = d * scale;
+        }
+        float mt = warp_max(sc);
+        __syncthreads();
+        if ((tid & 31) == 0) red[tid >> 5] = mt;
+        __syncthreads();
+        mt = -INFINITY;
+        for (int i = 0; i < (nt >> 5); i++) mt = fmaxf(mt, red[i]);
+        float mn = fmaxf(m, mt);
+        float e = p < visible ? expf(sc - mn) : 0.0f;
+        ps[tid] = e;
+        float st = block_sum(e, red);
+        float corr = expf(m - mn);
+        l = l * corr + st;
+        for (int i = 0; i < 4; i++) acc[i] *= corr;
+        __syncthreads();
+        int n = min(nt, visible - base);
+        for (int pp = 0; pp < n; pp++) {
+            const float* vp = vc + (long long)(base + pp) * stride + kvh * hd;
+            float pr = ps[pp];
+            for (int i = 0; i < 4; i++) {
+                int d = tid + i * nt;
+                if (d < hd) acc[i] = fmaf(pr, vp[d], acc[i]);
+            }
+        }
+        m = mn;
+        __syncthreads();
+    }
+    for (int i = 0; i < 4; i++) {
+        int d = tid + i * nt;
+        if (d >= hd) continue;
+        long long at = ((long long)t * nq + head) * hd + d;
+        float val = acc[i] / l;
+        if (gated) val *= sigmoidf_(gate[at]);
+        out[at] = val;
+    }
+}
