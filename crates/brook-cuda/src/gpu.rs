@@ -1,5 +1,5 @@
 //! The device: driver and NVRTC loaded at run time, one context and stream, the kernels
-//! compiled for the device found (cached on disk), device and pinned host buffers that free
+//! compiled for the device found (`nvrtc.rs`, cached on disk), device and pinned host buffers that free
 //! themselves, and kernel launches with their arguments.
 //!
 //! Everything here goes through cudarc's thin `result`/`sys` layer: brook keeps its own
@@ -7,13 +7,14 @@
 //! per-allocation stream tracking would only add work to every launch.
 
 use std::ffi::{CString, c_void};
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use brook_core::experts::budget::fmt_bytes;
 use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
+
+use crate::nvrtc::ptx_for;
 
 /// The CUDA C source of every kernel.
 pub const SOURCE: &str = concat!(
@@ -563,63 +564,6 @@ impl Args {
         self.n += 1;
         self
     }
-}
-
-/// The PTX of [`SOURCE`] for this device: from this process's earlier opens, the disk cache
-/// (keyed by device name, compute capability, source and NVRTC version), or compiled now
-/// and stored. The bool says whether NVRTC ran.
-fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
-    let arch = format!("sm_{}{}{}", cc.0, cc.1, if cc.0 == 9 { "a" } else { "" });
-    let nvrtc = {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: NVRTC is loaded (checked by libraries_present); two out-parameters.
-        let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-        (major, minor)
-    };
-    let key = xxhash_rust::xxh3::xxh3_64(format!("{name}\n{arch}\n{nvrtc:?}\n{SOURCE}").as_bytes());
-    static COMPILED: std::sync::Mutex<Vec<(u64, String)>> = std::sync::Mutex::new(Vec::new());
-    let mut compiled = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
-    if let Some((_, ptx)) = compiled.iter().find(|(k, _)| *k == key) {
-        return Ok((ptx.clone(), false));
-    }
-    let (ptx, fresh) = ptx_from_disk_or_nvrtc(key, &arch)?;
-    compiled.push((key, ptx.clone()));
-    Ok((ptx, fresh))
-}
-
-/// The disk cache, else NVRTC (storing the result).
-fn ptx_from_disk_or_nvrtc(key: u64, arch: &str) -> Result<(String, bool)> {
-    let dir = cache_dir();
-    let file = dir
-        .as_ref()
-        .map(|d| d.join(format!("kernels-{key:016x}.ptx")));
-    if let Some(ptx) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
-        return Ok((ptx, false));
-    }
-    let arch_static: &'static str = Box::leak(arch.to_string().into_boxed_str());
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch_static),
-        options: vec!["--std=c++17".into()],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts)
-        .map_err(|e| err(&format!("compiling the kernels for {arch} with NVRTC"), e))?
-        .to_src();
-    if let (Some(d), Some(f)) = (dir, file) {
-        // A cache that cannot be written only costs the next start a compile.
-        let tmp = d.join(format!(".kernels-{key:016x}.{}.tmp", std::process::id()));
-        if std::fs::create_dir_all(&d).is_ok() && std::fs::write(&tmp, &ptx).is_ok() {
-            let _ = std::fs::rename(&tmp, &f);
-        }
-    }
-    Ok((ptx, true))
-}
-
-/// `BROOK_HOME/cuda` (or the default store's).
-fn cache_dir() -> Option<PathBuf> {
-    brook_core::store::Store::from_env()
-        .ok()
-        .map(|s| s.root().join("cuda"))
 }
 
 /// Device copy bandwidth (bytes read plus written) and pinned host-to-device bandwidth,

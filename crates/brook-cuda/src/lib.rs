@@ -12,6 +12,7 @@ mod blocks;
 pub mod experts;
 pub mod gpu;
 pub mod model;
+mod nvrtc;
 pub mod ops;
 mod scratch;
 pub mod state;
