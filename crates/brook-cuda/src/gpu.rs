@@ -1,6 +1,6 @@
 //! The device: driver and NVRTC loaded at run time, one context and stream, the kernels
-//! compiled for the device found (`nvrtc.rs`, cached on disk), device and pinned host buffers that free
-//! themselves, and kernel launches with their arguments.
+//! compiled for the device found (`nvrtc.rs`, cached on disk), device and pinned host buffers
+//! that free themselves, and kernel launches with their arguments.
 //!
 //! Everything here goes through cudarc's thin `result`/`sys` layer: brook keeps its own
 //! device pointers (the expert slot table holds raw addresses), so the safe layer's
