@@ -7,9 +7,6 @@
 // banks. (Read straight from global memory, those strided reads made the kernels L1-bound.)
 __device__ __forceinline__ int pad(int i) { return i + ((i >> 5) << 2); }
 
-// Floats of shared memory that `n` padded activations take.
-__device__ __forceinline__ int padded(int n) { return pad(n) + 4; }
-
 // x[0..n) into xs in the padded layout, by the whole block (then a barrier).
 __device__ void stage(const float* __restrict__ x, float* xs, int n) {
     if ((n & 3) == 0 && (((u64)x) & 15) == 0) {
@@ -90,6 +87,18 @@ __device__ __forceinline__ void load_unit(const u32* p, u32 (&v)[VW]) {
     }
 }
 
+// Unit u (VW words) of row r of a fast-form matrix at `base`, with its group's scale and bias
+// (ush: log2 of units per group; gpr: groups per row).
+template <int VW>
+__device__ __forceinline__ void load_group_unit(const Mat& m, u64 base, long long r, int u,
+                                                int words, int ush, int gpr, u32 (&v)[VW],
+                                                float& sc, float& bi) {
+    load_unit<VW>((const u32*)(base + m.w) + r * words + (long long)u * VW, v);
+    long long gi = r * gpr + (u >> ush);
+    sc = ldsb(base + m.s, m.stype, gi);
+    bi = ldsb(base + m.b, m.stype, gi);
+}
+
 // One unit (VW words, one group) of R rows against the same staged activations xp (padded
 // layout, the unit's values contiguous), added to acc[r] as scale·Σ code·x + bias·Σ x one
 // word at a time (short partial sums keep the rounding near that of dequantizing first).
@@ -136,7 +145,6 @@ __device__ __forceinline__ void issue(const Mat& m, u64 base, int r0, int u0, Ro
     int words = (m.cols * m.bits) >> 5, units = words >> 2;
     // Units per group: a power of two (fast() checks the group is one).
     int ush = __ffs(((m.group * m.bits) >> 5) >> 2) - 1, gpr = m.cols / m.group;
-    const u32* W = (const u32*)(base + m.w);
 #pragma unroll
     for (int i = 0; i < N; i++) {
         int u = u0 + lane + 32 * i;
@@ -145,10 +153,8 @@ __device__ __forceinline__ void issue(const Mat& m, u64 base, int r0, int u0, Ro
         for (int r = 0; r < R; r++) {
             long long row = r0 + r;
             if (ok) {
-                load_unit<4>(W + row * words + (long long)u * 4, f.v[i][r]);
-                long long gi = row * gpr + (u >> ush);
-                f.sc[i][r] = ldsb(base + m.s, m.stype, gi);
-                f.bi[i][r] = ldsb(base + m.b, m.stype, gi);
+                load_group_unit<4>(m, base, row, u, words, ush, gpr, f.v[i][r], f.sc[i][r],
+                                   f.bi[i][r]);
             } else {
 #pragma unroll
                 for (int w = 0; w < 4; w++) f.v[i][r][w] = 0u;
@@ -314,7 +320,7 @@ __device__ void swiglu_rows(const Mat& g, const Mat& u, u64 base, const float* _
 
 // y[v, r] = W[r] · x[v / xdiv] over the rows of m0..m3 stacked, vector v = blockIdx.y:
 // qmv4 takes 4 rows per warp step, qmv1 one (separate kernels, each with a small hot loop).
-// Dynamic shared memory: padded(m0.cols) floats.
+// Dynamic shared memory: m0.cols activations padded (ops.rs `padded_bytes`).
 #define QMV(NAME, R)                                                                          \
     extern "C" __global__ void __launch_bounds__(256, 2)                                      \
         NAME(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, const float* __restrict__ x,          \
@@ -331,7 +337,7 @@ QMV(qmv1, 1)
 // Routed experts for vectors v < nsel: expert sel[v] of the slot table `tab` (skipped when
 // it has no slot), rows of m0 then m1 (offsets inside a slot) times x[v / xdiv] into
 // y[v, ·]. Vector nsel, when the grid has it, is the shared expert: s0 then s1 (absolute)
-// times x[0] into ys. Dynamic shared memory: padded(m0.cols) floats.
+// times x[0] into ys. Dynamic shared memory as qmv's.
 extern "C" __global__ void __launch_bounds__(256, 2) qmv_sel(Mat m0, Mat m1, const u64* __restrict__ tab,
                                                           const int* __restrict__ sel, int nsel,
                                                           int xdiv, Mat s0, Mat s1,
@@ -388,10 +394,7 @@ __device__ __forceinline__ void down_batch(const Mat& down, u64 mybase, int K, i
     for (int kk = 0; kk < KB; kk++) {
         u64 base = __shfl_sync(0xffffffffu, mybase, (k0 + kk) & 31);
         if (ok && k0 + kk < K && base != 0) {
-            load_unit<VW>((const u32*)(base + down.w) + (long long)r * words + u * VW, v[kk][0]);
-            long long gi = (long long)r * gpr + (u >> ush);
-            sc[kk] = ldsb(base + down.s, down.stype, gi);
-            bi[kk] = ldsb(base + down.b, down.stype, gi);
+            load_group_unit<VW>(down, base, r, u, words, ush, gpr, v[kk][0], sc[kk], bi[kk]);
         } else {
 #pragma unroll
             for (int w = 0; w < VW; w++) v[kk][0][w] = 0u;
@@ -422,15 +425,10 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(Mat down, const u64* 
     // The shared expert's first units: its weights depend on no earlier kernel.
     int swords = (IS * sdown.bits) >> 5, sunits = swords / VW;
     int sush = __ffs(((sdown.group * sdown.bits) >> 5) / VW) - 1, sgpr = IS / sdown.group;
-    const u32* SW = (const u32*)sdown.w;
     u32 sv[1][VW] = {{0u, 0u}};
     float ssc = 0.0f, sbi = 0.0f;
-    if (on && lane < sunits) {
-        load_unit<VW>(SW + (long long)r * swords + lane * VW, sv[0]);
-        long long gi = (long long)r * sgpr + (lane >> sush);
-        ssc = ldsb(sdown.s, sdown.stype, gi);
-        sbi = ldsb(sdown.b, sdown.stype, gi);
-    }
+    if (on && lane < sunits)
+        load_group_unit<VW>(sdown, 0, r, lane, swords, sush, sgpr, sv[0], ssc, sbi);
     PDL_SYNC();
     // Lane k keeps expert k's slot and weight (K ≤ 32, checked by the host).
     u64 mybase = lane < K ? tab[sel[lane]] : 0;
@@ -471,12 +469,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(Mat down, const u64* 
     for (int u0 = 0; u0 < sunits; u0 += 32) {
         int u = u0 + lane;
         if (u >= sunits) continue;
-        if (u0 > 0) {
-            load_unit<VW>(SW + (long long)r * swords + u * VW, sv[0]);
-            long long gi = (long long)r * sgpr + (u >> sush);
-            ssc = ldsb(sdown.s, sdown.stype, gi);
-            sbi = ldsb(sdown.b, sdown.stype, gi);
-        }
+        if (u0 > 0) load_group_unit<VW>(sdown, 0, r, u, swords, sush, sgpr, sv[0], ssc, sbi);
         float d[1] = {sacc};
         const float s1[1] = {ssc}, b1[1] = {sbi};
         unit_dot<VW, 1>(sv, sfour, hs + pad(K * I + u * svpu), s1, b1, d);
