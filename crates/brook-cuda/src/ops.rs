@@ -26,28 +26,31 @@ fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
     Ok(b as u32)
 }
 
-/// Rows per warp step (4 when every resident block gets a step of 4, else 1 to spread a
-/// small matrix over more warps) and the blocks along x for `rows` of each of `nvec`
-/// vectors: one step each, at most two resident per SM in all (the kernels stride over the
-/// rest).
+/// The dense matrix-vector kernel for `rw` rows per warp step.
 fn qmv_kernel(g: &Gpu, rw: i32) -> crate::gpu::Kernel {
     if rw == 4 { g.k.qmv4 } else { g.k.qmv1 }
 }
 
+/// Rows per warp step (4 when every resident block gets a step of 4, else 1 to spread a
+/// small matrix over more warps) and the blocks along x for `rows` of each of `nvec` vectors.
 fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
     geometry_for(g.sms.max(1) as usize, rows, nvec)
 }
 
 fn geometry_for(sms: usize, rows: usize, nvec: usize) -> (i32, u32) {
-    let resident = 2 * sms;
-    let rw = if rows * nvec >= resident * QMV_WARPS * 4 {
+    let rw = if rows * nvec >= 2 * sms * QMV_WARPS * 4 {
         4
     } else {
         1
     };
-    let per_vec = (resident / nvec.max(1)).max(1);
-    let bx = rows.div_ceil(QMV_WARPS * rw).clamp(1, per_vec);
-    (rw as i32, bx as u32)
+    (rw as i32, blocks_for(sms, rows, rw, nvec))
+}
+
+/// Blocks along x for `rows` of each of `nvec` vectors taken `rw` rows per warp step: one
+/// step each, at most two blocks resident per SM in all (the kernels stride over the rest).
+fn blocks_for(sms: usize, rows: usize, rw: usize, nvec: usize) -> u32 {
+    let per_vec = (2 * sms / nvec.max(1)).max(1);
+    rows.div_ceil(QMV_WARPS * rw).clamp(1, per_vec) as u32
 }
 
 /// y[v, r] = W·x[v / xdiv] over the rows of m1 then m2, `nvec` vectors. With `sel` (a
@@ -127,17 +130,16 @@ pub fn qmv_experts(
     let rows = ((m1.rows + m2.rows) as usize).max(srows);
     let nvec = nsel + usize::from(srows > 0);
     let smem = smem_for(g, m1.cols as usize)?;
-    let resident = 2 * g.sms.max(1) as usize;
-    let per_vec = (resident / nvec.max(1)).max(1);
+    let sms = g.sms.max(1) as usize;
     let mut a = Args::new();
     if swiglu {
         // Two gate and two up rows per warp step.
-        let bx = (m1.rows as usize).div_ceil(QMV_WARPS * 2).clamp(1, per_vec) as u32;
+        let bx = blocks_for(sms, m1.rows as usize, 2, nvec);
         a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
         a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
         return g.launch(g.k.qmv_swiglu, (bx, nvec as u32, 1), 256, smem, &mut a);
     }
-    let bx = rows.div_ceil(QMV_WARPS).clamp(1, per_vec) as u32;
+    let bx = blocks_for(sms, rows, 1, nvec);
     a.arg(m1)
         .arg(m2)
         .arg(tab)
