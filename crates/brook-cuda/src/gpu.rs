@@ -20,6 +20,7 @@ use crate::nvrtc::ptx_for;
 pub const SOURCE: &str = concat!(
     include_str!("kernels/common.cu"),
     include_str!("kernels/matvec.cu"),
+    include_str!("kernels/tensor.cu"),
     include_str!("kernels/matmul.cu"),
     include_str!("kernels/routing.cu"),
     include_str!("kernels/mixers.cu"),
@@ -60,6 +61,9 @@ pub struct Kernels {
     pub qmv_sel: Kernel,
     pub qmv_swiglu: Kernel,
     pub moe_down: Kernel,
+    pub qmv_tc: Kernel,
+    pub swiglu_tc: Kernel,
+    pub down_tc: Kernel,
     pub qmm: Kernel,
     pub swiglu: Kernel,
     pub embed: Kernel,
@@ -101,6 +105,9 @@ pub struct Gpu {
     /// Launch kernels with programmatic dependent launch (Hopper and later, unless
     /// `BROOK_CUDA_PDL=0`): a kernel may start while the one before it finishes.
     pub pdl: bool,
+    /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
+    /// `BROOK_CUDA_TC=0`; see kernels/tensor.cu).
+    tensor_cores: AtomicBool,
     /// Whether the work being queued uses it now (see [`Gpu::overlap_launches`]).
     pdl_now: AtomicBool,
     /// The last work queued on the stream was a kernel (only then may the next overlap it).
@@ -167,6 +174,9 @@ impl Gpu {
             qmv_sel: f("qmv_sel")?,
             qmv_swiglu: f("qmv_swiglu")?,
             moe_down: f("moe_down")?,
+            qmv_tc: f("qmv_tc")?,
+            swiglu_tc: f("swiglu_tc")?,
+            down_tc: f("down_tc")?,
             qmm: f("qmm")?,
             swiglu: f("swiglu")?,
             embed: f("embed")?,
@@ -192,7 +202,17 @@ impl Gpu {
         let max_smem =
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 - 1024;
-        for f in [k.qmv1, k.qmv4, k.qmv_sel, k.qmv_swiglu, k.moe_down] {
+        let matrix_kernels = [
+            k.qmv1,
+            k.qmv4,
+            k.qmv_sel,
+            k.qmv_swiglu,
+            k.moe_down,
+            k.qmv_tc,
+            k.swiglu_tc,
+            k.down_tc,
+        ];
+        for f in matrix_kernels {
             // SAFETY: a kernel of the loaded module; the value is the device's own limit.
             unsafe {
                 sys::cuFuncSetAttribute(
@@ -220,6 +240,9 @@ impl Gpu {
             module,
             compile_s,
             pdl: cc.0 >= 9 && std::env::var("BROOK_CUDA_PDL").map_or(true, |v| v != "0"),
+            tensor_cores: AtomicBool::new(
+                cc.0 >= 8 && std::env::var("BROOK_CUDA_TC").map_or(true, |v| v != "0"),
+            ),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),
         }))
@@ -229,6 +252,18 @@ impl Gpu {
     pub fn bind(&self) -> Result<()> {
         // SAFETY: ctx stays retained while self lives.
         unsafe { result::ctx::set_current(self.ctx) }.map_err(|e| err("binding the context", e))
+    }
+
+    /// Whether one-token products use the tensor-core kernels where they fit.
+    pub fn tensor_cores(&self) -> bool {
+        self.tensor_cores.load(Ordering::Relaxed)
+    }
+
+    /// Turns the tensor-core kernels off (or back on, where the GPU has them): the tests
+    /// check both paths against the reference.
+    pub fn use_tensor_cores(&self, on: bool) {
+        self.tensor_cores
+            .store(on && self.cc.0 >= 8, Ordering::Relaxed);
     }
 
     /// Device memory held through this handle.

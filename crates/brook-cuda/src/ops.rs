@@ -26,6 +26,61 @@ fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
     Ok(b as u32)
 }
 
+/// Whether the tensor-core kernels (kernels/tensor.cu) take `m` with its rows in tiles of
+/// `tile`: 4-bit codes with bf16 or f16 scales in groups of 64 or 128, a width that is a
+/// multiple of 512 (four 128-column chunks a load round), 16-byte aligned parts. An empty
+/// matrix fits anything.
+pub fn tc_fits(m: &Mat, tile: i32) -> bool {
+    m.rows == 0
+        || (m.bits == 4
+            && (m.stype == 1 || m.stype == 2)
+            && (m.group == 64 || m.group == 128)
+            && m.cols % 512 == 0
+            && m.rows % tile == 0
+            && [m.w, m.s, m.b].iter().all(|a| a % 16 == 0))
+}
+
+/// Whether every matrix of `ms` fits [`tc_fits`] in the format of the first (the kernels take
+/// one scale type and group size per launch) and the GPU uses tensor cores.
+fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
+    let first = ms[0];
+    g.tensor_cores()
+        && ms.iter().all(|m| {
+            tc_fits(m, tile)
+                && (m.rows == 0
+                    || (m.stype == first.stype && m.group == first.group && m.cols == first.cols))
+        })
+}
+
+/// Shared memory of the tensor-core kernels for `nvec` vectors of `cols` activations: the B
+/// fragments (three bf16 parts, 6 bytes a value) and the sums per 64 columns.
+fn tc_smem(cols: usize, nvec: usize) -> usize {
+    nvec * (cols * 6 + cols / 64 * 4)
+}
+
+/// Warps per tile of the tensor-core kernels (at most `max`, a power of two): the tile's
+/// load rounds (512 columns each) split over warps until the tiles of all `nvec` vectors
+/// give the GPU 16 warps per SM, so a small matrix still reads from every SM.
+fn tc_split(sms: usize, tiles: usize, nvec: usize, cols: usize, max: usize) -> usize {
+    let rounds = cols / 512;
+    let mut s = 1;
+    while 2 * s <= max && rounds.is_multiple_of(2 * s) && tiles * nvec * s < sms * 16 {
+        s *= 2;
+    }
+    s
+}
+
+/// Shared memory for tc_tiles' partial sums: two buffers of 16 floats per warp.
+fn tc_part_bytes(warps: usize) -> usize {
+    2 * warps * 16 * 4
+}
+
+/// Warps of a `down_tc` block for `k` routed experts and the shared one (at most 12: the
+/// kernel's register budget).
+fn down_tc_warps(k: usize) -> usize {
+    (k + 1).min(12)
+}
+
 /// The dense matrix-vector kernel for `rw` rows per warp step.
 fn qmv_kernel(g: &Gpu, rw: i32) -> crate::gpu::Kernel {
     if rw == 4 { g.k.qmv4 } else { g.k.qmv1 }
@@ -83,27 +138,41 @@ pub fn qmv(
             0,
         );
     }
-    let rows = (m1.rows + m2.rows) as usize;
-    let smem = smem_for(g, m1.cols as usize)?;
-    let (rw, bx) = geometry(g, rows, nvec);
+    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y)
+}
+
+/// y[v] = [m0; m1; m2; m3]·x[v / xdiv] for `nvec` vectors: on the tensor cores where every
+/// matrix fits them, else on the CUDA cores.
+fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
+    let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
+    let cols = m[0].cols as usize;
     let mut a = Args::new();
-    a.arg(m1).arg(m2).arg(Mat::NONE).arg(Mat::NONE);
-    a.arg(xdiv).arg(x).arg(y);
+    for m in m {
+        a.arg(m);
+    }
+    a.arg(xdiv);
+    let tc_bytes = tc_smem(cols, 1) + tc_part_bytes(QMV_WARPS);
+    if tc_all(g, &m, 16) && tc_bytes <= g.max_smem as usize {
+        let sms = g.sms.max(1) as usize;
+        let tiles = rows / 16;
+        let split = tc_split(sms, tiles, nvec, cols, QMV_WARPS);
+        let bx = tiles
+            .div_ceil(QMV_WARPS / split)
+            .clamp(1, (2 * sms / nvec.max(1)).max(1)) as u32;
+        a.arg(split as i32).arg(x).arg(y);
+        let grid = (bx, nvec as u32, 1);
+        return g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a);
+    }
+    a.arg(x).arg(y);
+    let smem = smem_for(g, cols)?;
+    let (rw, bx) = geometry(g, rows, nvec);
     g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
 }
 
 /// y = [m0; m1; m2; m3]·x for one vector: up to four matrices that read the same input in
 /// one launch (their outputs follow each other in y).
 pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
-    let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
-    let smem = smem_for(g, m[0].cols as usize)?;
-    let (rw, bx) = geometry(g, rows, 1);
-    let mut a = Args::new();
-    for m in m {
-        a.arg(m);
-    }
-    a.arg(1i32).arg(x).arg(y);
-    g.launch(qmv_kernel(g, rw), (bx, 1, 1), 256, smem, &mut a)
+    stacked(g, m, 1, 1, x, y)
 }
 
 /// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert
@@ -129,9 +198,23 @@ pub fn qmv_experts(
     let srows = (shared[0].rows + shared[1].rows) as usize;
     let rows = ((m1.rows + m2.rows) as usize).max(srows);
     let nvec = nsel + usize::from(srows > 0);
-    let smem = smem_for(g, m1.cols as usize)?;
     let sms = g.sms.max(1) as usize;
     let mut a = Args::new();
+    let tc_bytes = tc_smem(m1.cols as usize, 1) + tc_part_bytes(4);
+    if swiglu && tc_all(g, &[m1, m2, shared[0], shared[1]], 8) && tc_bytes <= g.max_smem as usize {
+        // Tiles of 8 gate and 8 up rows, four warps a block, up to four blocks per SM.
+        let tiles = (m1.rows as usize).max(shared[0].rows as usize) / 8;
+        let split = tc_split(sms, tiles, nvec, m1.cols as usize, 4);
+        let bx = tiles
+            .div_ceil(4 / split)
+            .clamp(1, (4 * sms / nvec.max(1)).max(1)) as u32;
+        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
+        a.arg(shared[0]).arg(shared[1]).arg(split as i32);
+        a.arg(x).arg(y).arg(ys);
+        let grid = (bx, nvec as u32, 1);
+        return g.launch(g.k.swiglu_tc, grid, 128, tc_bytes as u32, &mut a);
+    }
+    let smem = smem_for(g, m1.cols as usize)?;
     if swiglu {
         // Two gate and two up rows per warp step.
         let bx = blocks_for(sms, m1.rows as usize, 2, nvec);
@@ -182,10 +265,26 @@ pub fn moe_down(
     hs: u64,
     out: u64,
 ) -> Result<()> {
-    let smem = padded_bytes(k * down.cols as usize + sdown.cols as usize) as u32;
     let mut a = Args::new();
     a.arg(down).arg(tab).arg(sel).arg(wts).arg(k as i32);
     a.arg(sdown).arg(sg).arg(h).arg(hs).arg(out);
+    let warps = down_tc_warps(k);
+    let tc_bytes =
+        tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + warps * 16 * 4;
+    if tc_all(g, &[down], 16)
+        && tc_all(g, &[sdown], 16)
+        && down.rows == sdown.rows
+        && tc_bytes <= g.max_smem as usize
+    {
+        return g.launch(
+            g.k.down_tc,
+            ((down.rows / 16) as u32, 1, 1),
+            (warps * 32) as u32,
+            tc_bytes as u32,
+            &mut a,
+        );
+    }
+    let smem = padded_bytes(k * down.cols as usize + sdown.cols as usize) as u32;
     g.launch(
         g.k.moe_down,
         ((down.rows as u32).div_ceil(8), 1, 1),
@@ -265,6 +364,60 @@ mod tests {
         // Several vectors share the resident blocks.
         assert_eq!(geometry_for(132, 1024, 9), (4, 29));
         assert_eq!(geometry_for(4, 1, 1), (1, 1));
+    }
+
+    #[test]
+    fn the_tensor_core_kernels_take_4_bit_groups_of_64_or_128_with_16_bit_scales() {
+        let m = |group, stype, rows, cols| Mat {
+            rows,
+            cols,
+            bits: 4,
+            group,
+            stype,
+            ..Mat::NONE
+        };
+        assert!(tc_fits(&m(64, 1, 12352, 2048), 16));
+        assert!(tc_fits(&m(128, 2, 512, 4096), 8));
+        assert!(tc_fits(&Mat::NONE, 16));
+        assert!(!tc_fits(&m(32, 1, 512, 2048), 16), "group 32");
+        assert!(!tc_fits(&m(64, 0, 512, 2048), 16), "f32 scales");
+        assert!(!tc_fits(&m(64, 1, 520, 2048), 16), "rows not in tiles");
+        assert!(
+            !tc_fits(&m(64, 1, 512, 2304), 16),
+            "width not a multiple of 512"
+        );
+        assert!(
+            !tc_fits(
+                &Mat {
+                    bits: 8,
+                    ..m(64, 1, 512, 2048)
+                },
+                16
+            ),
+            "8-bit"
+        );
+        assert!(
+            !tc_fits(
+                &Mat {
+                    s: 8,
+                    ..m(64, 1, 512, 2048)
+                },
+                16
+            ),
+            "unaligned scales"
+        );
+        // Three bf16 parts per value and one sum per 64.
+        assert_eq!(tc_smem(2048, 1), 2048 * 6 + 32 * 4);
+        assert_eq!(down_tc_warps(8), 9);
+        // H200 (132 SMs): the head needs no split; the 35B's DeltaNet projections (772
+        // tiles) take 4 warps a tile, its output projection (128 tiles of 4096) 8, and the
+        // experts' gate/up (64 tiles of 9 vectors) 4.
+        assert_eq!(tc_split(132, 15520, 1, 2048, 8), 1);
+        assert_eq!(tc_split(132, 772, 1, 2048, 8), 4);
+        assert_eq!(tc_split(132, 128, 1, 4096, 8), 8);
+        assert_eq!(tc_split(132, 64, 9, 2048, 4), 4);
+        assert_eq!(tc_split(132, 64, 9, 512, 4), 1);
+        assert_eq!(down_tc_warps(20), 12);
     }
 
     #[test]

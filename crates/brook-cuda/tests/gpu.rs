@@ -136,6 +136,89 @@ fn matrix_kernels_match_the_reference_on_random_inputs() {
     }
 }
 
+/// The tensor-core kernels (4-bit, groups of 64 or 128, bf16 or f16 scales, widths a
+/// multiple of 512) against the reference, and the CUDA-core kernels on the same inputs:
+/// one matrix for 1 and 3 vectors, and four stacked in one launch.
+#[test]
+fn tensor_core_kernels_match_the_reference_on_random_inputs() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(17);
+    let formats = [
+        (64, DType::BF16),
+        (128, DType::BF16),
+        (64, DType::F16),
+        (128, DType::F16),
+    ];
+    for (group, float) in formats {
+        let fmt = Format::Affine {
+            bits: 4,
+            group,
+            float,
+        };
+        // Tiles split over 1, 4, 2 and 8 warps, and (34816 rows) more tiles than warps.
+        for (rows, cols) in [
+            (16, 512),
+            (48, 2048),
+            (272, 1024),
+            (1024, 4096),
+            (34816, 512),
+        ] {
+            let lin = random_linear(&mut rng, rows, cols, fmt);
+            let (m, _buf) = upload_linear(&g, &lin.view(), "test").expect("upload");
+            assert!(
+                ops::tc_fits(&m, 16),
+                "{fmt:?} {rows}x{cols} should take the tensor cores"
+            );
+            for t in [1usize, 3] {
+                let x = rng.vec(t * cols, 1.0);
+                let mut want = vec![0.0f32; t * rows];
+                lin.view().forward_rows(&x, &mut want);
+                let size = term_sizes(&lin.view(), &x);
+                let xd = g.upload(&x, "x").expect("x");
+                for tc in [true, false] {
+                    g.use_tensor_cores(tc);
+                    let yd = g.upload(&vec![f32::NAN; t * rows], "y").expect("y");
+                    ops::qmv(&g, m, Mat::NONE, 0, 0, 1, t, xd.ptr, yd.ptr).expect("launch");
+                    let got: Vec<f32> = yd.read().expect("read");
+                    let err = err_vs_size(&got, &want, &size);
+                    assert!(
+                        err < 1e-6,
+                        "{fmt:?} {rows}x{cols} t={t} tc={tc}: rel err {err}"
+                    );
+                }
+            }
+        }
+        let cols = 1024;
+        let lins: Vec<_> = [32, 16, 64, 48]
+            .iter()
+            .map(|&r| random_linear(&mut rng, r, cols, fmt))
+            .collect();
+        let up: Vec<_> = lins
+            .iter()
+            .map(|l| upload_linear(&g, &l.view(), "m").expect("upload"))
+            .collect();
+        let x = rng.vec(cols, 1.0);
+        let (mut want, mut size) = (Vec::new(), Vec::new());
+        for l in &lins {
+            let mut y = vec![0.0; l.view().out_features];
+            l.view().forward_rows(&x, &mut y);
+            want.extend(y);
+            size.extend(term_sizes(&l.view(), &x));
+        }
+        let xd = g.upload(&x, "x").expect("x");
+        for tc in [true, false] {
+            g.use_tensor_cores(tc);
+            let yd = g.upload(&vec![f32::NAN; want.len()], "y").expect("y");
+            let m = [up[0].0, up[1].0, up[2].0, up[3].0];
+            ops::qmv_stacked(&g, m, xd.ptr, yd.ptr).expect("launch");
+            let got: Vec<f32> = yd.read().expect("read");
+            let err = err_vs_size(&got, &want, &size);
+            assert!(err < 1e-6, "{fmt:?} stacked tc={tc}: rel err {err}");
+        }
+    }
+    g.use_tensor_cores(true);
+}
+
 #[test]
 fn two_matrices_in_one_launch_stack_their_rows() {
     let Some(g) = gpu() else { return };
@@ -231,16 +314,15 @@ fn silu(v: f32) -> f32 {
 fn one_token_moe_kernels_match_the_reference() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(13);
-    for (bits, h, i, is, k) in [
-        (4, 256, 512, 512, 8),
-        (8, 128, 96, 64, 10),
-        (4, 64, 32, 48, 3),
+    // The last two take the tensor-core kernels (tc_fits asserts it).
+    for (bits, group, float, h, i, is, k) in [
+        (4, 32, DType::BF16, 256, 512, 512, 8),
+        (8, 32, DType::BF16, 128, 96, 64, 10),
+        (4, 32, DType::BF16, 64, 32, 48, 3),
+        (4, 64, DType::BF16, 512, 512, 512, 8),
+        (4, 128, DType::F16, 1024, 512, 1024, 10),
     ] {
-        let fmt = Format::Affine {
-            bits,
-            group: 32,
-            float: DType::BF16,
-        };
+        let fmt = Format::Affine { bits, group, float };
         let e = 16;
         let experts: Vec<[_; 3]> = (0..e)
             .map(|_| {
@@ -336,34 +418,48 @@ fn one_token_moe_kernels_match_the_reference() {
         }
         let got_gu: Vec<f32> = gu.read().expect("read");
         assert!(rel_l2(&got_gu, &want_gu) < 1e-5, "gate/up");
-        // The decode form: SwiGLU in the first launch, downs and the sum in the second.
-        let hd = g.zeros(k * i * 4, "h").expect("h");
-        let hsd = g.zeros(is * 4, "hs").expect("hs");
-        let out = g.upload(&vec![f32::NAN; h], "out").expect("out");
+        // The decode form: SwiGLU in the first launch, downs and the sum in the second, on
+        // the tensor cores where they fit and on the CUDA cores.
         assert!(ops::moe_down_fits(&pd.mat, &sm[2], k));
-        ops::qmv_experts(
-            &g,
-            pg.mat,
-            pu.mat,
-            tab.ptr,
-            seld.ptr,
-            k,
-            k as i32,
-            [sm[0], sm[1]],
-            true,
-            xd.ptr,
-            hd.ptr,
-            hsd.ptr,
-        )
-        .expect("gate/up");
-        ops::moe_down(
-            &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr, out.ptr,
-        )
-        .expect("down");
-        let got: Vec<f32> = out.read().expect("read");
-        let err = rel_l2(&got, &want);
-        assert!(err < 1e-5, "{bits}-bit h={h} i={i} k={k}: rel err {err}");
+        if group >= 64 {
+            for m in [pg.mat, pu.mat, sm[0], sm[1]] {
+                assert!(ops::tc_fits(&m, 8));
+            }
+            assert!(ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&sm[2], 16));
+        }
+        for tc in [true, false] {
+            g.use_tensor_cores(tc);
+            let hd = g.zeros(k * i * 4, "h").expect("h");
+            let hsd = g.zeros(is * 4, "hs").expect("hs");
+            let out = g.upload(&vec![f32::NAN; h], "out").expect("out");
+            ops::qmv_experts(
+                &g,
+                pg.mat,
+                pu.mat,
+                tab.ptr,
+                seld.ptr,
+                k,
+                k as i32,
+                [sm[0], sm[1]],
+                true,
+                xd.ptr,
+                hd.ptr,
+                hsd.ptr,
+            )
+            .expect("gate/up");
+            ops::moe_down(
+                &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr, out.ptr,
+            )
+            .expect("down");
+            let got: Vec<f32> = out.read().expect("read");
+            let err = rel_l2(&got, &want);
+            assert!(
+                err < 1e-5,
+                "{bits}-bit g{group} h={h} i={i} k={k} tc={tc}: rel err {err}"
+            );
+        }
     }
+    g.use_tensor_cores(true);
 }
 
 fn cuda(model: &Arc<Model>, slots: Option<usize>, chunk: usize) -> CudaModel {

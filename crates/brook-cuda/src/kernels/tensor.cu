@@ -1,0 +1,475 @@
+// One-token matrix kernels on the tensor cores (part of brook's CUDA source; see common.cu),
+// for 4-bit matrices whose groups hold a power of two ≥ 64 of values (MLX's default is 64)
+// and whose width is a multiple of 128. Ampere and later; the host checks (ops.rs `tc_fits`).
+//
+// Still exact f32 arithmetic, not a lossy path:
+// - an activation splits into three bf16 parts, x = x₁ + x₂ + x₃ with no rounding (each part
+//   takes the next 8 significant bits of x's 24; x − RN(x) is exact in f32);
+// - a code q, centred as q − 8 ∈ [−8, 7], is exact in bf16, and so is each product
+//   (q − 8)·x_p (4 × 8 bits), which the tensor core sums in f32;
+// - w = s·q + b = s·(q − 8) + (b + 8s), so a row's product is
+//   Σ_groups s·Σ(q − 8)·x + (b + 8s)·Σx, the group sums of x taken once per block.
+// One m16n8k16 mma multiplies 16 rows × 16 codes by the three parts in columns 0..2 of B
+// (columns 3..7 are zero), so the rounding is that of f32 sums, as on the CUDA cores. The
+// win is the decoding: a bf16 pair of codes costs a shift, a mask-and-OR into 128's
+// mantissa and one bf16x2 FMA, against a byte permute, a subtraction and an FMA per code on
+// the CUDA cores, which made those kernels issue-bound (docs/BENCH.md).
+//
+// Layout. A row's codes are taken 128 columns (16 words, a "chunk") at a time; lane
+// (g = lane / 4, t = lane % 4) of a warp reads words h·8 + 2t and h·8 + 2t + 1 (h = 0, 1:
+// the chunk's two halves, each inside one group) of rows g and g + 8 of its 16-row tile.
+// Word W's codes n = 0..7 are columns 8W + n; the pair register R_j = (code j, code j + 4).
+// The mma for (h, i, e) (word i of the pair, e = 0, 1) takes A = {R_2e(row g), R_2e(row
+// g + 8), R_2e+1(row g), R_2e+1(row g + 8)}, so B must hold, for lane (p, t), part p of
+// x at columns 8W + (2e, 2e + 4) and 8W + (2e + 1, 2e + 5): `tc_stage` writes exactly those
+// pairs, as uint4 (e = 0 then e = 1) at [chunk][q = 2h + i][part p][t].
+
+#define TCU 4                       // chunks a warp loads before it computes them
+#define TC_CHUNK_U4 48              // uint4 of B fragments per chunk: 4 q × 3 parts × 4 t
+
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ u32 bf16_rn(float x) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+__device__ __forceinline__ float bf16_f(u32 h) { return __uint_as_float(h << 16); }
+
+// x = a + b + c exactly, each a bf16 (in the low 16 bits).
+__device__ __forceinline__ void split3(float x, u32& a, u32& b, u32& c) {
+    a = bf16_rn(x);
+    float r = x - bf16_f(a);
+    b = bf16_rn(r);
+    c = bf16_rn(r - bf16_f(b));
+}
+
+// The bf16 pair (q_j − 8, q_{j+4} − 8) of the eight 4-bit codes of w.
+__device__ __forceinline__ u32 code_pair(u32 w, int j) {
+    u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;   // 128 + q in each half
+    u32 r;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
+    return r;   // (128 + q)·1 − 136
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+                                         u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Vectors x_v (v < n, each K floats, K % 128 == 0, x_v = x + v·xstride) as B fragments in
+// fr (TC_CHUNK_U4 uint4 per chunk, vector after vector) and their sums per 64 columns in
+// sx, by the whole block. No barrier: the caller adds one after its last stage.
+__device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, int K, uint4* fr,
+                         float* sx) {
+    int per = K >> 3;   // items (chunk, q, t) per vector: 8 consecutive values each
+    for (int it = threadIdx.x; it < n * per; it += blockDim.x) {
+        int v = it / per, i = it - v * per;
+        int c = i >> 4, q = (i >> 2) & 3, t = i & 3;
+        int word = (q >> 1) * 8 + 2 * t + (q & 1);
+        const float* xp = x + v * xstride + c * 128 + word * 8;
+        float e[8];
+        if ((((u64)xp) & 15) == 0) {
+            float4 a = *(const float4*)xp, b = *(const float4*)(xp + 4);
+            e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w;
+            e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++) e[j] = xp[j];
+        }
+        u32 p[3][8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) split3(e[j], p[0][j], p[1][j], p[2][j]);
+        uint4* o = fr + (long long)(v * (K >> 7) + c) * TC_CHUNK_U4 + q * 12 + t;
+#pragma unroll
+        for (int k = 0; k < 3; k++)
+            o[k * 4] = make_uint4(p[k][0] | (p[k][4] << 16), p[k][1] | (p[k][5] << 16),
+                                  p[k][2] | (p[k][6] << 16), p[k][3] | (p[k][7] << 16));
+    }
+    int nw = blockDim.x >> 5, lane = threadIdx.x & 31, per64 = K >> 6;
+    for (int s = threadIdx.x >> 5; s < n * per64; s += nw) {
+        int v = s / per64, i = s - v * per64;
+        const float* xp = x + v * xstride + i * 64;
+        float a = xp[lane] + xp[lane + 32];
+        sx[s] = warp_sum(a);
+    }
+}
+
+// One row of a tile: its words and the scales and biases of its groups.
+struct TcRow {
+    const u32* w;
+    u64 s, b;
+};
+
+template <int ST, int G>
+__device__ __forceinline__ TcRow tc_row(const Mat& m, u64 base, long long r) {
+    TcRow o;
+    long long g0 = r * (m.cols / G) * 2;
+    o.w = (const u32*)(base + m.w) + r * (m.cols >> 3);
+    o.s = base + m.s + g0;
+    o.b = base + m.b + g0;
+    return o;
+}
+
+// TCU = 4 chunks of a lane's two rows (k = 0: row g, 1: row g + 8): the words, and the
+// scales (lanes t < 2 use them) and biases (lane t = 0) of the chunks' groups, 16-bit
+// values two to a word: with G = 64 word u holds chunk u's two halves, with G = 128 word
+// u / 2 holds chunks u and u + 1 (one load of 16 or 8 bytes per row each).
+template <int ST, int G>
+struct TcLoads {
+    uint2 w[TCU][2][2];
+    u32 s[2][4], b[2][4];
+};
+
+template <int ST, int G>
+__device__ __forceinline__ void tc_issue(const TcRow (&row)[2], int c0, TcLoads<ST, G>& f) {
+    int t = threadIdx.x & 3;
+#pragma unroll
+    for (int k = 0; k < 2; k++) {
+        const TcRow& r = row[k];
+#pragma unroll
+        for (int u = 0; u < TCU; u++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                f.w[u][h][k] = __ldg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
+        if (G == 64) {
+            uint4 z = make_uint4(0u, 0u, 0u, 0u);
+            uint4 sv = t < 2 ? __ldg((const uint4*)(r.s + c0 * 4)) : z;
+            uint4 bv = t == 0 ? __ldg((const uint4*)(r.b + c0 * 4)) : z;
+            f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = sv.z; f.s[k][3] = sv.w;
+            f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = bv.z; f.b[k][3] = bv.w;
+        } else {
+            uint2 z = make_uint2(0u, 0u);
+            uint2 sv = t < 2 ? __ldg((const uint2*)(r.s + c0 * 2)) : z;
+            uint2 bv = t == 0 ? __ldg((const uint2*)(r.b + c0 * 2)) : z;
+            f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = 0u; f.s[k][3] = 0u;
+            f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = 0u; f.b[k][3] = 0u;
+        }
+    }
+}
+
+// The 16-bit value of chunk u, half h from words packed as tc_issue's, as a float.
+template <int ST, int G>
+__device__ __forceinline__ float tc_half(const u32 (&v)[4], int u, int h) {
+    u32 w = G == 64 ? v[u] : v[u >> 1];
+    int hi = G == 64 ? h : (u & 1);
+    if (ST == 1) return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16));
+    return f16f((unsigned short)(hi ? (w >> 16) : (w & 0xffffu)));
+}
+
+// The loaded chunks against the staged fragments fr and sums sx of one vector, into acc
+// (k = 0: row g, 1: row g + 8; lanes t = 0 and 1 each hold part of the total).
+template <int ST, int G>
+__device__ __forceinline__ void tc_consume(const TcLoads<ST, G>& f, const uint4* fr, const float* sx,
+                                           int c0, float (&acc)[2]) {
+    int lane = threadIdx.x & 31, t = lane & 3, p = lane >> 2;
+#pragma unroll
+    for (int u = 0; u < TCU; u++) {
+        int c = c0 + u;
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 2; i++) {
+                uint4 bq = p < 3 ? fr[c * TC_CHUNK_U4 + (2 * h + i) * 12 + p * 4 + t]
+                                 : make_uint4(0u, 0u, 0u, 0u);
+                u32 wl = i ? f.w[u][h][0].y : f.w[u][h][0].x;
+                u32 wh = i ? f.w[u][h][1].y : f.w[u][h][1].x;
+                mma16816(d, code_pair(wl, 0), code_pair(wh, 0), code_pair(wl, 1),
+                         code_pair(wh, 1), bq.x, bq.y);
+                mma16816(d, code_pair(wl, 2), code_pair(wh, 2), code_pair(wl, 3),
+                         code_pair(wh, 3), bq.z, bq.w);
+            }
+            // Lane t holds columns 2t, 2t + 1: parts 1 and 2 at t = 0, part 3 at t = 1.
+            float lo = t == 0 ? d[0] + d[1] : d[0];
+            float hi = t == 0 ? d[2] + d[3] : d[2];
+            float s0 = tc_half<ST, G>(f.s[0], u, h), s1 = tc_half<ST, G>(f.s[1], u, h);
+            acc[0] = fmaf(s0, lo, acc[0]);
+            acc[1] = fmaf(s1, hi, acc[1]);
+            if (t == 0) {
+                float sxv = sx[c * 2 + h];
+                acc[0] = fmaf(fmaf(8.0f, s0, tc_half<ST, G>(f.b[0], u, h)), sxv, acc[0]);
+                acc[1] = fmaf(fmaf(8.0f, s1, tc_half<ST, G>(f.b[1], u, h)), sxv, acc[1]);
+            }
+        }
+    }
+}
+
+// Rows lo (g) and hi (g + 8) of a tile over chunks [cb, ce) times one staged vector, `f`
+// holding chunk cb's loads already issued; every lane with t = 0 returns both totals.
+template <int ST, int G>
+__device__ __forceinline__ void tc_rows(const TcRow (&row)[2], int cb, int ce,
+                                        TcLoads<ST, G>& f, const uint4* fr, const float* sx,
+                                        float (&out)[2]) {
+    float acc[2] = {0.0f, 0.0f};
+    for (int c0 = cb; c0 < ce; c0 += TCU) {
+        if (c0 > cb) tc_issue<ST, G>(row, c0, f);
+        tc_consume(f, fr, sx, c0, acc);
+    }
+    out[0] = acc[0] + __shfl_xor_sync(0xffffffffu, acc[0], 1);
+    out[1] = acc[1] + __shfl_xor_sync(0xffffffffu, acc[1], 1);
+}
+
+// Row r of the stack m0..m3 (every matrix's rows a multiple of 16).
+template <int ST, int G>
+__device__ __forceinline__ TcRow tc_stack_row(const Mat& m0, const Mat& m1, const Mat& m2,
+                                              const Mat& m3, int r) {
+    int l;
+    int i = locate(m0, m1, m2, r, l);
+    return tc_row<ST, G>(pick(m0, m1, m2, m3, i), 0, l);
+}
+
+// The tiles of one staged vector, `split` warps to a tile: warp w of a block takes tile
+// w / split of the block's step and chunks [slice·nch/split, (slice + 1)·nch/split) of it
+// (slice = w % split), the blocks striding over the tiles; the slices' partial sums meet
+// in `part` (two buffers of 16 floats per warp, alternating, so one barrier a step
+// suffices) and slice 0 adds them in order. rows_of(tile, row) names a tile's rows;
+// out(tile, o) takes its totals (lanes with t = 0). `issued`: the warp's first tile's first
+// chunks are already in f. Every warp of the block runs the same number of steps.
+template <int ST, int G, typename RowsOf, typename Out>
+__device__ __forceinline__ void tc_tiles(int tiles, int split, int nch, const uint4* fr,
+                                         const float* sx, float* part, TcLoads<ST, G>& f,
+                                         bool issued, RowsOf rows_of, Out out) {
+    int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int per = nw / split, tl = warp / split, slice = warp % split;
+    int cs = nch / split, cb = slice * cs;
+    TcRow row[2];
+    int step = 0;
+    for (int t0 = blockIdx.x * per; t0 < tiles; t0 += gridDim.x * per, step++) {
+        int tile = t0 + tl;
+        float o[2] = {0.0f, 0.0f};
+        if (tile < tiles) {
+            rows_of(tile, row);
+            if (!issued) tc_issue<ST, G>(row, cb, f);
+            tc_rows<ST, G>(row, cb, cb + cs, f, fr, sx, o);
+        }
+        issued = false;
+        if (split == 1) {
+            if (tile < tiles && (lane & 3) == 0) out(tile, o);
+            continue;
+        }
+        float* p = part + (step & 1) * nw * 16;
+        if ((lane & 3) == 0) {
+            p[warp * 16 + g] = o[0];
+            p[warp * 16 + g + 8] = o[1];
+        }
+        __syncthreads();
+        if (slice == 0 && tile < tiles && (lane & 3) == 0) {
+            float sum[2] = {0.0f, 0.0f};
+            for (int i = 0; i < split; i++) {
+                sum[0] += p[(warp + i) * 16 + g];
+                sum[1] += p[(warp + i) * 16 + g + 8];
+            }
+            out(tile, sum);
+        }
+    }
+}
+
+// The first tile of this warp under tc_tiles' assignment, issued into f before the wait
+// (weights depend on no earlier kernel); whether there was one.
+template <int ST, int G, typename RowsOf>
+__device__ __forceinline__ bool tc_first(int tiles, int split, int nch, TcLoads<ST, G>& f,
+                                         RowsOf rows_of) {
+    int nw = blockDim.x >> 5, warp = threadIdx.x >> 5;
+    int tile = blockIdx.x * (nw / split) + warp / split;
+    if (tile >= tiles) return false;
+    TcRow row[2];
+    rows_of(tile, row);
+    tc_issue<ST, G>(row, (warp % split) * (nch / split), f);
+    return true;
+}
+
+// y[v, r] = W[r]·x[v / xdiv] over the rows of m0..m3 stacked, on the tensor cores, in tiles
+// of 16 rows (tc_tiles). ST: the scales' type, bf16 (1) or f16 (2); G: the group size;
+// every matrix's the same. Dynamic shared memory: ops.rs `tc_smem`.
+template <int ST, int G>
+__device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const Mat& m3,
+                            int xdiv, int split, const float* __restrict__ x,
+                            float* __restrict__ y, uint4* tcs) {
+    int K = m0.cols, nch = K >> 7;
+    uint4* fr = tcs;
+    float* sx = (float*)(tcs + nch * TC_CHUNK_U4);
+    float* part = sx + (K >> 6);
+    int rows = m0.rows + m1.rows + m2.rows + m3.rows, tiles = rows >> 4;
+    int g = (threadIdx.x & 31) >> 2, v = blockIdx.y;
+    auto rows_of = [&](int tile, TcRow (&row)[2]) {
+        row[0] = tc_stack_row<ST, G>(m0, m1, m2, m3, tile * 16 + g);
+        row[1] = tc_stack_row<ST, G>(m0, m1, m2, m3, tile * 16 + g + 8);
+    };
+    TcLoads<ST, G> f;
+    bool issued = tc_first<ST, G>(tiles, split, nch, f, rows_of);
+    PDL_SYNC();
+    tc_stage(x + (long long)(v / xdiv) * K, 0, 1, K, fr, sx);
+    __syncthreads();
+    float* yv = y + (long long)v * rows;
+    tc_tiles<ST, G>(tiles, split, nch, fr, sx, part, f, issued, rows_of,
+                    [&](int tile, const float (&o)[2]) {
+                        yv[tile * 16 + g] = o[0];
+                        yv[tile * 16 + g + 8] = o[1];
+                    });
+}
+
+// qmv_swiglu's tensor-core form: vector v < nsel is routed expert sel[v] (slot table tab;
+// skipped when it has no slot), vector nsel (when the grid has it) the shared expert (gate
+// sg, up su); h[j] = silu(gate[j]·x)·(up[j]·x) into y[v, ·] and ys. A tile is gate rows
+// j..j+7 (as rows g) and the same up rows (as rows g + 8), so each lane t = 0 ends with both
+// factors of its h[j]. Rows a multiple of 8; dynamic shared memory as qmv_tc's.
+template <int ST, int G>
+__device__ __forceinline__ void swiglu_tc_rows(const Mat& Gt, const Mat& Up, u64 base,
+                                               int split, bool pre, const float* __restrict__ x,
+                                               float* __restrict__ h, uint4* tcs) {
+    int K = Gt.cols, nch = K >> 7, tiles = Gt.rows >> 3;
+    uint4* fr = tcs;
+    float* sx = (float*)(tcs + nch * TC_CHUNK_U4);
+    float* part = sx + (K >> 6);
+    int g = (threadIdx.x & 31) >> 2;
+    auto rows_of = [&](int tile, TcRow (&row)[2]) {
+        row[0] = tc_row<ST, G>(Gt, base, tile * 8 + g);
+        row[1] = tc_row<ST, G>(Up, base, tile * 8 + g);
+    };
+    TcLoads<ST, G> f;
+    // The shared expert's weights depend on no earlier kernel: with `pre` its first loads go
+    // out before the wait, which this call then makes (a routed expert's slot is known only
+    // after the caller's).
+    bool issued = false;
+    if (pre) {
+        issued = tc_first<ST, G>(tiles, split, nch, f, rows_of);
+        PDL_SYNC();
+    }
+    tc_stage(x, 0, 1, K, fr, sx);
+    __syncthreads();
+    tc_tiles<ST, G>(tiles, split, nch, fr, sx, part, f, issued, rows_of,
+                    [&](int tile, const float (&o)[2]) { h[tile * 8 + g] = siluf_(o[0]) * o[1]; });
+}
+
+template <int ST, int G>
+__device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restrict__ tab,
+                               const int* __restrict__ sel, int nsel, const Mat& sg,
+                               const Mat& su, int split, const float* __restrict__ x,
+                               float* __restrict__ y, float* __restrict__ ys, uint4* tcs) {
+    int v = blockIdx.y;
+    if (v < nsel) {
+        PDL_SYNC();
+        u64 base = tab[sel[v]];
+        if (base == 0) return;
+        swiglu_tc_rows<ST, G>(gm, um, base, split, false, x, y + (long long)v * gm.rows, tcs);
+    } else {
+        swiglu_tc_rows<ST, G>(sg, su, 0, split, true, x, ys, tcs);
+    }
+}
+
+// moe_down's tensor-core form: out[r] = Σ_k wts[k]·(down of expert sel[k] · h_k)[r] +
+// sigmoid(sg)·(sdown · h_s)[r]. A block takes 16 rows; its warp w takes vectors w, w + nw,
+// … of the K routed ones and then the shared one (vector K), weights each tile's result,
+// and the block sums the warps' partial sums in warp order. Dynamic shared memory: the K
+// routed inputs' and the shared input's fragments and sums (ops.rs `tc_down_smem`), then
+// 16 floats per warp. At most 12 warps (the register budget of one block per SM).
+template <int ST, int G>
+__device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
+                             const int* __restrict__ sel, const float* __restrict__ wts, int K,
+                             const Mat& sdown, const float* __restrict__ sg,
+                             const float* __restrict__ h, const float* __restrict__ hsh,
+                             float* __restrict__ out, uint4* tcs) {
+    int I = down.cols, IS = sdown.cols, nch = I >> 7, snch = IS >> 7;
+    uint4* fr = tcs;
+    uint4* sfr = fr + K * nch * TC_CHUNK_U4;
+    float* sx = (float*)(sfr + snch * TC_CHUNK_U4);
+    float* ssx = sx + K * (I >> 6);
+    float* part = ssx + (IS >> 6);
+    int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
+    int r0 = blockIdx.x * 16;
+    TcLoads<ST, G> f;
+    TcRow row[2];
+    // The shared expert's loads need no earlier kernel: issued first where it is the warp's
+    // first vector.
+    if (warp == K) {
+        row[0] = tc_row<ST, G>(sdown, 0, r0 + g);
+        row[1] = tc_row<ST, G>(sdown, 0, r0 + g + 8);
+        tc_issue<ST, G>(row, 0, f);
+    }
+    PDL_SYNC();
+    tc_stage(h, I, K, I, fr, sx);
+    tc_stage(hsh, 0, 1, IS, sfr, ssx);
+    __syncthreads();
+    float acc[2] = {0.0f, 0.0f};
+    for (int e = warp; e <= K; e += nw) {
+        float o[2];
+        float w;
+        if (e < K) {
+            u64 base = tab[sel[e]];
+            if (base == 0) continue;
+            row[0] = tc_row<ST, G>(down, base, r0 + g);
+            row[1] = tc_row<ST, G>(down, base, r0 + g + 8);
+            tc_issue<ST, G>(row, 0, f);
+            tc_rows<ST, G>(row, 0, nch, f, fr + e * nch * TC_CHUNK_U4, sx + e * (I >> 6), o);
+            w = wts[e];
+        } else {
+            if (e != warp) {   // not issued before the wait
+                row[0] = tc_row<ST, G>(sdown, 0, r0 + g);
+                row[1] = tc_row<ST, G>(sdown, 0, r0 + g + 8);
+                tc_issue<ST, G>(row, 0, f);
+            }
+            tc_rows<ST, G>(row, 0, snch, f, sfr, ssx, o);
+            w = sigmoidf_(sg[0]);
+        }
+        acc[0] = fmaf(w, o[0], acc[0]);
+        acc[1] = fmaf(w, o[1], acc[1]);
+    }
+    if ((lane & 3) == 0) {
+        part[warp * 16 + g] = acc[0];
+        part[warp * 16 + g + 8] = acc[1];
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+        float s = 0.0f;
+        for (int w = 0; w < nw; w++) s += part[w * 16 + threadIdx.x];
+        out[r0 + threadIdx.x] = s;
+    }
+}
+#endif
+
+// The kernels, one body per scale type. Before Ampere they are empty (never launched).
+#if __CUDA_ARCH__ >= 800
+#define TC_DISPATCH(M, CALL)                         \
+    do {                                             \
+        extern __shared__ uint4 tcs[];               \
+        if ((M).stype == 1 && (M).group == 64)       \
+            CALL(1, 64);                             \
+        else if ((M).stype == 1)                     \
+            CALL(1, 128);                            \
+        else if ((M).group == 64)                    \
+            CALL(2, 64);                             \
+        else                                         \
+            CALL(2, 128);                            \
+    } while (0)
+#else
+#define TC_DISPATCH(M, CALL) \
+    do {                         \
+    } while (0)
+#endif
+
+extern "C" __global__ void __launch_bounds__(256, 2)
+    qmv_tc(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, int split, const float* __restrict__ x,
+           float* __restrict__ y) {
+#define QMV_TC(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs)
+    TC_DISPATCH(m0, QMV_TC);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4)
+    swiglu_tc(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel,
+              int nsel, Mat sg, Mat su, int split, const float* __restrict__ x,
+              float* __restrict__ y, float* __restrict__ ys) {
+#define SWIGLU_TC(ST, G) swiglu_tc_body<ST, G>(gm, um, tab, sel, nsel, sg, su, split, x, y, ys, tcs)
+    TC_DISPATCH(gm, SWIGLU_TC);
+}
+
+extern "C" __global__ void __launch_bounds__(384)
+    down_tc(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,
+            const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,
+            const float* __restrict__ h, const float* __restrict__ hsh, float* __restrict__ out) {
+#define DOWN_TC(ST, G) down_tc_body<ST, G>(down, tab, sel, wts, K, sdown, sg, h, hsh, out, tcs)
+    TC_DISPATCH(down, DOWN_TC);
+}
