@@ -5,6 +5,7 @@
 use brook_core::Result;
 use brook_core::config::ModelConfig;
 
+use crate::delta::{self, DeltaRule};
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
 use crate::ops;
@@ -78,31 +79,20 @@ impl CudaModel {
             .arg(nv)
             .arg(dk);
         g.launch(g.k.delta_prep, (t as u32, 1, 1), 256, 0, &mut a)?;
-        let f = match dk {
-            32 => g.k.delta_rule_32,
-            64 => g.k.delta_rule_64,
-            128 => g.k.delta_rule_128,
-            _ => g.k.delta_rule_any,
+        let rule = DeltaRule {
+            conv: s.conv.ptr,
+            g: s.g.ptr,
+            beta: s.beta.ptr,
+            state: ssm.ptr,
+            o: s.o.ptr,
+            t,
+            cd: cd as usize,
+            nk: nk as usize,
+            nv: nv as usize,
+            dk: dk as usize,
+            dv: dv as usize,
         };
-        let mut a = Args::new();
-        a.arg(s.conv.ptr)
-            .arg(s.g.ptr)
-            .arg(s.beta.ptr)
-            .arg(ssm.ptr)
-            .arg(s.o.ptr)
-            .arg(t as i32)
-            .arg(cd)
-            .arg(nk)
-            .arg(nv)
-            .arg(dk)
-            .arg(dv);
-        g.launch(
-            f,
-            (nv as u32, (dv as u32).div_ceil(32), 1),
-            32,
-            (2 * dk * 4) as u32,
-            &mut a,
-        )?;
+        delta::delta_rule(g, &rule, self.model.delta_mode)?;
         let rows = t as i32 * nv;
         let mut a = Args::new();
         a.arg(s.o.ptr)

@@ -79,6 +79,10 @@ pub struct Kernels {
     pub delta_rule_64: Kernel,
     pub delta_rule_128: Kernel,
     pub delta_rule_any: Kernel,
+    pub delta_chunk_32: Kernel,
+    pub delta_chunk_64: Kernel,
+    pub delta_chunk_128: Kernel,
+    pub delta_chunk_any: Kernel,
     pub gated_norm: Kernel,
     pub attn_prep: Kernel,
     pub attention: Kernel,
@@ -192,17 +196,22 @@ impl Gpu {
             delta_rule_64: f("delta_rule_64")?,
             delta_rule_128: f("delta_rule_128")?,
             delta_rule_any: f("delta_rule_any")?,
+            delta_chunk_32: f("delta_chunk_32")?,
+            delta_chunk_64: f("delta_chunk_64")?,
+            delta_chunk_128: f("delta_chunk_128")?,
+            delta_chunk_any: f("delta_chunk_any")?,
             gated_norm: f("gated_norm")?,
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
         };
-        // The matrix-vector kernels stage their activations in dynamic shared memory: allow
-        // them what the device offers, less 1 KiB for any static shared memory of their own
-        // (the limit counts both, and the attribute is refused past it).
+        // The matrix-vector kernels stage their activations in dynamic shared memory and the
+        // chunked delta rule its chunk (134 KiB at dk = 128): allow them what the device
+        // offers, less 1 KiB for any static shared memory of their own (the limit counts
+        // both, and the attribute is refused past it).
         let max_smem =
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 - 1024;
-        let matrix_kernels = [
+        let large_smem = [
             k.qmv1,
             k.qmv4,
             k.qmv_sel,
@@ -211,8 +220,12 @@ impl Gpu {
             k.qmv_tc,
             k.swiglu_tc,
             k.down_tc,
+            k.delta_chunk_32,
+            k.delta_chunk_64,
+            k.delta_chunk_128,
+            k.delta_chunk_any,
         ];
-        for f in matrix_kernels {
+        for f in large_smem {
             // SAFETY: a kernel of the loaded module; the value is the device's own limit.
             unsafe {
                 sys::cuFuncSetAttribute(

@@ -1,0 +1,124 @@
+//! Launchers of the gated delta rule (kernels/mixers.cu), shared by the DeltaNet block and
+//! the kernel tests: `delta_rule_*` runs the recurrence a token at a time (decode),
+//! `delta_chunk_*` a chunk of 64 tokens at a time (prefill). They mirror brook_core's
+//! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills.
+
+use brook_core::model::delta_net::DeltaMode;
+use brook_core::{Error, Result};
+
+use crate::gpu::{Args, Gpu};
+
+/// Tokens per chunk of `delta_chunk_*` (kernels/mixers.cu `DC_C`).
+const CHUNK_TOKENS: usize = 64;
+/// Value columns per block of `delta_chunk_*` (`DC_BV`) and per block of `delta_rule_*`.
+const COLS: usize = 32;
+/// Threads per block of `delta_chunk_*` (`DC_THREADS`).
+const CHUNK_THREADS: u32 = 256;
+/// Row strides of A and M and of the pseudo-values in its shared memory (`DC_A`, `DC_VP`).
+const STRIDE_A: usize = CHUNK_TOKENS + 1;
+const STRIDE_VP: usize = 36;
+
+/// One call's device buffers and shapes.
+#[derive(Debug, Clone, Copy)]
+pub struct DeltaRule {
+    pub conv: u64,  // [t, cd] f32: q at kh·dk, k at nk·dk + kh·dk, v at 2·nk·dk + h·dv
+    pub g: u64,     // [t, nv] f32 log-decay (≤ 0)
+    pub beta: u64,  // [t, nv] f32
+    pub state: u64, // [nv, dk, dv] f32 (row = key dim), advanced in place
+    pub o: u64,     // [t, nv, dv] f32
+    pub t: usize,
+    pub cd: usize,
+    pub nk: usize,
+    pub nv: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// Bytes of dynamic shared memory `delta_chunk_*` takes at key width `dk` (the layout of
+/// kernels/mixers.cu `dc_smem`): q and k rows of a chunk and the transposed state tile at
+/// row stride dk + 4 (dk | 1 in the generic kernel), A and M, v' twice, γ, β and decays.
+/// 136,960 bytes at dk = 128.
+pub fn chunk_smem_bytes(dk: usize) -> usize {
+    let ks = if matches!(dk, 32 | 64 | 128) {
+        dk + 4
+    } else {
+        dk | 1
+    };
+    let c = CHUNK_TOKENS;
+    ((2 * c + COLS) * ks + 2 * c * STRIDE_A + 2 * c * STRIDE_VP + 3 * c) * 4
+}
+
+/// Advances the state over `p.t` tokens and writes their outputs. `Auto` takes the chunked
+/// kernel for more than one token, except where its shared memory exceeds what the device
+/// allows a block (dk above 279 on an H100/H200; dk = 128 on GPUs that allow 99 KiB, such as
+/// the RTX 30 and 40 series): the recurrent kernel computes the same rule there, only
+/// slower. `Chunked` insists, and says so when it cannot.
+pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
+    if p.t == 0 {
+        return Ok(());
+    }
+    let smem = chunk_smem_bytes(p.dk);
+    let fits = smem <= g.max_smem as usize;
+    let chunked = match mode {
+        DeltaMode::Recurrent => false,
+        DeltaMode::Auto => p.t > 1 && fits,
+        DeltaMode::Chunked if !fits => {
+            return Err(Error::Device(format!(
+                "the chunked delta rule at key width {} needs {smem} bytes of shared memory per block; this GPU allows {}: use the recurrent form",
+                p.dk, g.max_smem
+            )));
+        }
+        DeltaMode::Chunked => true,
+    };
+    let mut a = Args::new();
+    a.arg(p.conv)
+        .arg(p.g)
+        .arg(p.beta)
+        .arg(p.state)
+        .arg(p.o)
+        .arg(p.t as i32)
+        .arg(p.cd as i32)
+        .arg(p.nk as i32)
+        .arg(p.nv as i32)
+        .arg(p.dk as i32)
+        .arg(p.dv as i32);
+    let grid = (p.nv as u32, p.dv.div_ceil(COLS) as u32, 1);
+    if chunked {
+        let f = match p.dk {
+            32 => g.k.delta_chunk_32,
+            64 => g.k.delta_chunk_64,
+            128 => g.k.delta_chunk_128,
+            _ => g.k.delta_chunk_any,
+        };
+        return g.launch(f, grid, CHUNK_THREADS, smem as u32, &mut a);
+    }
+    let f = match p.dk {
+        32 => g.k.delta_rule_32,
+        64 => g.k.delta_rule_64,
+        128 => g.k.delta_rule_128,
+        _ => g.k.delta_rule_any,
+    };
+    g.launch(f, grid, COLS as u32, (2 * p.dk * 4) as u32, &mut a)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunk_shared_memory_follows_the_kernel_layout() {
+        // q, k (64 rows) and the state tile (32 rows) at stride 132; A and M; v' twice; 3·64.
+        assert_eq!(
+            chunk_smem_bytes(128),
+            (160 * 132 + 2 * 64 * 65 + 2 * 64 * 36 + 192) * 4
+        );
+        assert_eq!(chunk_smem_bytes(128), 136_960);
+        // The generic kernel's odd stride.
+        assert_eq!(
+            chunk_smem_bytes(48),
+            (160 * 49 + 2 * 64 * 65 + 2 * 64 * 36 + 192) * 4
+        );
+        // Within an H200's 227 KiB at dk = 256, so the real models never fall back.
+        assert!(chunk_smem_bytes(256) < 226 << 10);
+    }
+}
