@@ -13,7 +13,9 @@
 # needs about 45 GB free for the 80B, one model at a time), benchmarks it with every
 # expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
 # prints a table per model. BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
-# BUDGETS the budgets (default "resident 8GiB 4GiB 2GiB"), RESULTS_DIR keeps the JSON rows.
+# BUDGETS the budgets (default "resident 8GiB 4GiB 2GiB"), RESULTS_DIR keeps the JSON rows,
+# KEEP_MODEL=1 reuses a container already in WORKDIR (from an earlier run of the same model)
+# and adds to its rows, SKIP_TESTS=1 runs the benchmarks only.
 # BINS lists build directories to compare (default dist/gpu): each one's tests run, and each
 # budget is benchmarked with every build back to back, so a change is measured against its
 # baseline in one call (e.g. build the baseline into dist/base first, then
@@ -46,15 +48,21 @@ run)
     bins=${BINS:-dist/gpu}
     first=${bins%% *}
     for b in $bins; do
+        [ "${SKIP_TESTS:-0}" = 1 ] && break
         echo "== GPU tests ($b)"
         "$b/gpu-tests" --test-threads 1 2>&1 | grep -E "^test |rel err|vs mlx|result|panicked|skipping" || true
     done
     for m in $models; do
-        rm -rf "$work/model"
-        echo "== synth $m"
-        "$first/brook" synth --preset "$m" --out "$work/model" --container >/dev/null
+        if [ "${KEEP_MODEL:-0}" = 1 ] && [ "$(cat "$work/model.name" 2>/dev/null)" = "$m" ]; then
+            echo "== reusing the $m container"
+        else
+            rm -rf "$work/model" "$work/model.name"
+            echo "== synth $m"
+            "$first/brook" synth --preset "$m" --out "$work/model" --container >/dev/null
+            echo "$m" >"$work/model.name"
+        fi
         rows="$work/$m.jsonl"
-        : >"$rows"
+        [ "${KEEP_MODEL:-0}" = 1 ] || : >"$rows"
         for budget in ${BUDGETS:-resident 8GiB 4GiB 2GiB}; do
             flags=()
             [ "$budget" != resident ] && flags=(--gpu-memory-budget "$budget")

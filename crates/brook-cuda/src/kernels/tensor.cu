@@ -331,14 +331,11 @@ __device__ __forceinline__ void swiglu_tc_rows(const Mat& Gt, const Mat& Up, u64
         row[1] = tc_row<ST, G>(Up, base, tile * 8 + g);
     };
     TcLoads<ST, G> f;
-    // The shared expert's weights depend on no earlier kernel: with `pre` its first loads go
-    // out before the wait, which this call then makes (a routed expert's slot is known only
-    // after the caller's).
-    bool issued = false;
-    if (pre) {
-        issued = tc_first<ST, G>(tiles, split, nch, f, rows_of);
-        PDL_SYNC();
-    }
+    // The first loads go out before the activations are staged; the shared expert's
+    // (`pre`) even before the wait, which this call then makes, as its weights depend on
+    // no earlier kernel (a routed expert's slot is known only after the caller's wait).
+    bool issued = tc_first<ST, G>(tiles, split, nch, f, rows_of);
+    if (pre) PDL_SYNC();
     tc_stage(x, 0, 1, K, fr, sx);
     __syncthreads();
     tc_tiles<ST, G>(tiles, split, nch, fr, sx, part, f, issued, rows_of,
@@ -391,6 +388,13 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
         tc_issue<ST, G>(row, 0, f);
     }
     PDL_SYNC();
+    // A routed first vector's slot is known now: its loads go out before the staging.
+    u64 base = warp < K ? tab[sel[warp]] : 0;
+    if (base != 0) {
+        row[0] = tc_row<ST, G>(down, base, r0 + g);
+        row[1] = tc_row<ST, G>(down, base, r0 + g + 8);
+        tc_issue<ST, G>(row, 0, f);
+    }
     tc_stage(h, I, K, I, fr, sx);
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
     __syncthreads();
@@ -399,11 +403,15 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
         float o[2];
         float w;
         if (e < K) {
-            u64 base = tab[sel[e]];
-            if (base == 0) continue;
-            row[0] = tc_row<ST, G>(down, base, r0 + g);
-            row[1] = tc_row<ST, G>(down, base, r0 + g + 8);
-            tc_issue<ST, G>(row, 0, f);
+            if (e != warp) {
+                base = tab[sel[e]];
+                if (base == 0) continue;
+                row[0] = tc_row<ST, G>(down, base, r0 + g);
+                row[1] = tc_row<ST, G>(down, base, r0 + g + 8);
+                tc_issue<ST, G>(row, 0, f);
+            } else if (base == 0) {
+                continue;
+            }
             tc_rows<ST, G>(row, 0, nch, f, fr + e * nch * TC_CHUNK_U4, sx + e * (I >> 6), o);
             w = wts[e];
         } else {
