@@ -83,6 +83,13 @@ impl CudaModel {
         if opts.max_chunk == 0 {
             return Err(Error::Invalid("max_chunk must be at least 1".into()));
         }
+        if cfg.num_experts_per_tok > 32 {
+            // The top-k kernel keeps pick k in lane k of one warp.
+            return Err(Error::Invalid(format!(
+                "the CUDA backend routes to at most 32 experts per token; this model asks for {} (use --backend cpu)",
+                cfg.num_experts_per_tok
+            )));
+        }
         let dense = DenseGpu::upload(&gpu, &model)?;
         let s = Scratch::new(&gpu, &cfg, opts.max_chunk)?;
         let (mats, slot_bytes) = layouts(&model)?;

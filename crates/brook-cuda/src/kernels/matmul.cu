@@ -105,16 +105,48 @@ __device__ float block_sum(float v, float* red) {
     return t;
 }
 
-// With d: x += d. Then out = rms_norm(x) · w, one block per row.
+// With d: x += d. Then out = rms_norm(x) · w, one block per row. Rows of up to
+// NORM_REGS · blockDim.x values stay in registers between the sum and the scaling, and
+// their weights (which no kernel writes) are read before the wait.
+#define NORM_REGS 8
 extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __restrict__ d,
                                         const float* __restrict__ w, float* __restrict__ out,
                                         int H, float eps) {
-    PDL_SYNC();
     __shared__ float red[32];
     long long off = (long long)blockIdx.x * H;
+    int n = blockDim.x;
+    if (H <= NORM_REGS * n) {
+        float v[NORM_REGS], wv[NORM_REGS];
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) {
+            int i = threadIdx.x + j * n;
+            wv[j] = i < H ? __ldg(w + i) : 0.0f;
+        }
+        PDL_SYNC();
+        float ss = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) {
+            int i = threadIdx.x + j * n;
+            if (i < H) {
+                v[j] = x[off + i];
+                if (d) {
+                    v[j] += d[off + i];
+                    x[off + i] = v[j];
+                }
+                ss = fmaf(v[j], v[j], ss);
+            }
+        }
+        float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)H + eps);
+#pragma unroll
+        for (int j = 0; j < NORM_REGS; j++) {
+            int i = threadIdx.x + j * n;
+            if (i < H) out[off + i] = v[j] * inv * wv[j];
+        }
+        return;
+    }
+    PDL_SYNC();
     float ss = 0.0f;
-#pragma unroll 4
-    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+    for (int i = threadIdx.x; i < H; i += n) {
         float v = x[off + i];
         if (d) {
             v += d[off + i];
@@ -123,6 +155,5 @@ extern "C" __global__ void add_rms_norm(float* __restrict__ x, const float* __re
         ss = fmaf(v, v, ss);
     }
     float inv = 1.0f / sqrtf(block_sum(ss, red) / (float)H + eps);
-#pragma unroll 4
-    for (int i = threadIdx.x; i < H; i += blockDim.x) out[off + i] = x[off + i] * inv * w[i];
+    for (int i = threadIdx.x; i < H; i += n) out[off + i] = x[off + i] * inv * w[i];
 }

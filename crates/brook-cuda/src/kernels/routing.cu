@@ -2,113 +2,134 @@
 
 // Router: softmax over E logits per token, top K (ties to the lower id), renormalised if
 // asked, then ordered by expert id so sums run in the CPU path's order. One warp per token:
-// no block barriers between the K rounds.
-#define TOPK_REGS 16
+// no block barriers. A probability p ≥ 0 is ranked by the key bits(p) + 1, which orders as
+// an unsigned integer like p does (0 marks taken or absent entries), so a round of the
+// top-k is two warp reductions; lane k keeps the k-th pick.
+
+// The largest key of the warp and, among the lanes holding it, the lowest index.
+__device__ __forceinline__ void warp_argmax(u32 key, u32 idx, u32& top, u32& at) {
+#if __CUDA_ARCH__ >= 800
+    top = __reduce_max_sync(0xffffffffu, key);
+    at = __reduce_min_sync(0xffffffffu, key == top ? idx : 0xffffffffu);
+#else
+    for (int o = 16; o > 0; o >>= 1) {
+        u32 ok = __shfl_xor_sync(0xffffffffu, key, o), oi = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (ok > key || (ok == key && oi < idx)) { key = ok; idx = oi; }
+    }
+    top = key;
+    at = idx;
+#endif
+}
+
+__device__ __forceinline__ u32 prob_key(float p) { return p >= 0.0f ? __float_as_uint(p) + 1u : 0u; }
+
+// Lane k < K holds the k-th pick (id, probability): renormalise (summing in pick order, as
+// the CPU does), order by id, write token t's row.
+__device__ __forceinline__ void topk_write(int t, int K, int norm, int id, float w,
+                                           int* __restrict__ sel, float* __restrict__ wts) {
+    int lane = threadIdx.x & 31;
+    if (norm) {
+        float sum = 0.0f;
+        for (int k = 0; k < K; k++) sum += __shfl_sync(0xffffffffu, w, k);
+        w = w / sum;
+    }
+    int rank = 0;
+    for (int k = 0; k < K; k++) rank += __shfl_sync(0xffffffffu, id, k) < id;
+    if (lane < K) {
+        sel[t * K + rank] = id;
+        wts[t * K + rank] = w;
+    }
+}
+
+// Every lane keeps its R = E/32 (rounded up) probabilities in registers.
+template <int R>
+__device__ __forceinline__ void topk_regs(const float* __restrict__ l, int t, int E, int K,
+                                          int norm, int* __restrict__ sel,
+                                          float* __restrict__ wts) {
+    int lane = threadIdx.x;
+    float v[R];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        int i = lane + 32 * j;
+        v[j] = i < E ? l[i] : -INFINITY;
+        mx = fmaxf(mx, v[j]);
+    }
+    mx = warp_max(mx);
+    float s = 0.0f;
+#pragma unroll
+    for (int j = 0; j < R; j++) {
+        int i = lane + 32 * j;
+        v[j] = i < E ? expf(v[j] - mx) : 0.0f;
+        s += v[j];
+    }
+    s = warp_sum(s);
+    u32 key[R];
+#pragma unroll
+    for (int j = 0; j < R; j++) key[j] = lane + 32 * j < E ? prob_key(v[j] / s) : 0u;
+    int my_id = 0;
+    float my_w = 0.0f;
+    for (int k = 0; k < K; k++) {
+        u32 best = 0u, bidx = 0xffffffffu;
+#pragma unroll
+        for (int j = 0; j < R; j++)
+            if (key[j] > best) { best = key[j]; bidx = lane + 32 * j; }
+        u32 top, at;
+        warp_argmax(best, bidx, top, at);
+#pragma unroll
+        for (int j = 0; j < R; j++)
+            if (lane + 32 * j == (int)at) key[j] = 0u;
+        if (lane == k) {
+            my_id = (int)at;
+            my_w = __uint_as_float(top - 1u);
+        }
+    }
+    topk_write(t, K, norm, my_id, my_w, sel, wts);
+}
+
 extern "C" __global__ void topk(const float* __restrict__ logits, int E, int K, int norm,
                                 int* __restrict__ sel, float* __restrict__ wts) {
     PDL_SYNC();
-    extern __shared__ float p[];   // [E], for E > 32·TOPK_REGS
-    __shared__ int ids[32];
-    __shared__ float ws[32];
+    extern __shared__ float p[];   // [E], for E > 512
     int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)t * E;
-    if (E <= 32 * TOPK_REGS) {
-        // Every lane keeps its E/32 probabilities in registers.
-        float v[TOPK_REGS];
-        float mx = -INFINITY;
-#pragma unroll
-        for (int j = 0; j < TOPK_REGS; j++) {
-            int i = lane + 32 * j;
-            v[j] = i < E ? l[i] : -INFINITY;
-            mx = fmaxf(mx, v[j]);
-        }
-        mx = warp_max(mx);
-        float s = 0.0f;
-#pragma unroll
-        for (int j = 0; j < TOPK_REGS; j++) {
-            int i = lane + 32 * j;
-            v[j] = i < E ? expf(v[j] - mx) : 0.0f;
-            s += v[j];
-        }
-        s = warp_sum(s);
-#pragma unroll
-        for (int j = 0; j < TOPK_REGS; j++) v[j] = lane + 32 * j < E ? v[j] / s : -1.0f;
-        for (int k = 0; k < K; k++) {
-            float best = -1.0f;
-            int bidx = 0x7fffffff;
-#pragma unroll
-            for (int j = 0; j < TOPK_REGS; j++)
-                if (v[j] > best) { best = v[j]; bidx = lane + 32 * j; }
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, best, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-                if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
-            }
-#pragma unroll
-            for (int j = 0; j < TOPK_REGS; j++)
-                if (lane + 32 * j == bidx) v[j] = -2.0f;
-            if (lane == 0) {
-                ids[k] = bidx;
-                ws[k] = best;
-            }
-        }
-    } else {
-        float mx = -INFINITY;
-        for (int i = lane; i < E; i += 32) {
-            float v = l[i];
-            p[i] = v;
-            mx = fmaxf(mx, v);
-        }
-        mx = warp_max(mx);
-        float s = 0.0f;
-        for (int i = lane; i < E; i += 32) {
-            float e = expf(p[i] - mx);
-            p[i] = e;
-            s += e;
-        }
-        s = warp_sum(s);
-        for (int i = lane; i < E; i += 32) p[i] = p[i] / s;
-        __syncwarp();
-        for (int k = 0; k < K; k++) {
-            float best = -1.0f;
-            int bidx = 0x7fffffff;
-            for (int i = lane; i < E; i += 32) {
-                float v = p[i];
-                if (v > best) { best = v; bidx = i; }
-            }
-            for (int o = 16; o > 0; o >>= 1) {
-                float ov = __shfl_xor_sync(0xffffffffu, best, o);
-                int oi = __shfl_xor_sync(0xffffffffu, bidx, o);
-                if (ov > best || (ov == best && oi < bidx)) { best = ov; bidx = oi; }
-            }
-            if (lane == 0) {
-                ids[k] = bidx;
-                ws[k] = best;
-                p[bidx] = -2.0f;
-            }
-            __syncwarp();
-        }
+    if (E <= 256) return topk_regs<8>(l, t, E, K, norm, sel, wts);
+    if (E <= 512) return topk_regs<16>(l, t, E, K, norm, sel, wts);
+    float mx = -INFINITY;
+    for (int i = lane; i < E; i += 32) {
+        float v = l[i];
+        p[i] = v;
+        mx = fmaxf(mx, v);
     }
+    mx = warp_max(mx);
+    float s = 0.0f;
+    for (int i = lane; i < E; i += 32) {
+        float e = expf(p[i] - mx);
+        p[i] = e;
+        s += e;
+    }
+    s = warp_sum(s);
+    for (int i = lane; i < E; i += 32) p[i] = p[i] / s;
     __syncwarp();
-    if (lane == 0) {
-        if (norm) {
-            float sum = 0.0f;
-            for (int k = 0; k < K; k++) sum += ws[k];
-            for (int k = 0; k < K; k++) ws[k] = ws[k] / sum;
+    int my_id = 0;
+    float my_w = 0.0f;
+    for (int k = 0; k < K; k++) {
+        u32 best = 0u, bidx = 0xffffffffu;
+        for (int i = lane; i < E; i += 32) {
+            u32 key = prob_key(p[i]);
+            if (key > best) { best = key; bidx = i; }
         }
-        for (int a = 1; a < K; a++) {
-            int id = ids[a];
-            float wv = ws[a];
-            int b = a - 1;
-            while (b >= 0 && ids[b] > id) { ids[b + 1] = ids[b]; ws[b + 1] = ws[b]; b--; }
-            ids[b + 1] = id;
-            ws[b + 1] = wv;
+        u32 top, at;
+        warp_argmax(best, bidx, top, at);
+        __syncwarp();
+        if (lane == 0) p[at] = -2.0f;
+        if (lane == k) {
+            my_id = (int)at;
+            my_w = __uint_as_float(top - 1u);
         }
-        for (int k = 0; k < K; k++) {
-            sel[t * K + k] = ids[k];
-            wts[t * K + k] = ws[k];
-        }
+        __syncwarp();
     }
+    topk_write(t, K, norm, my_id, my_w, sel, wts);
 }
 
 // Grouping of (token, k) pairs by expert for the grouped prefill kernels.
