@@ -1,5 +1,5 @@
-//! Launchers of the gated delta rule (kernels/mixers.cu), shared by the DeltaNet block and
-//! the kernel tests: `delta_rule_*` runs the recurrence a token at a time (decode),
+//! Launchers of the gated delta rule (kernels/mixers.cu and delta.cu), shared by the
+//! DeltaNet block and the kernel tests: `delta_rule_*` runs the recurrence a token at a time (decode),
 //! `delta_chunk_*` a chunk of 64 tokens at a time (prefill). They mirror brook_core's
 //! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills.
 
@@ -8,7 +8,7 @@ use brook_core::{Error, Result};
 
 use crate::gpu::{Args, Gpu};
 
-/// Tokens per chunk of `delta_chunk_*` (kernels/mixers.cu `DC_C`).
+/// Tokens per chunk of `delta_chunk_*` (kernels/delta.cu `DC_C`).
 const CHUNK_TOKENS: usize = 64;
 /// Value columns per block of `delta_chunk_*` (`DC_BV`) and per block of `delta_rule_*`.
 const COLS: usize = 32;
@@ -35,7 +35,7 @@ pub struct DeltaRule {
 }
 
 /// Bytes of dynamic shared memory `delta_chunk_*` takes at key width `dk` (the layout of
-/// kernels/mixers.cu `dc_smem`): q and k rows of a chunk and the transposed state tile at
+/// kernels/delta.cu `dc_smem`): q and k rows of a chunk and the transposed state tile at
 /// row stride dk + 4 (dk | 1 in the generic kernel), A and M, v' twice, γ, β and decays.
 /// 136,960 bytes at dk = 128.
 pub fn chunk_smem_bytes(dk: usize) -> usize {

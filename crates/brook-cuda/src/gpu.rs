@@ -24,6 +24,7 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/matmul.cu"),
     include_str!("kernels/routing.cu"),
     include_str!("kernels/mixers.cu"),
+    include_str!("kernels/delta.cu"),
 );
 
 /// A GPU error as a brook error, naming what was being done.
