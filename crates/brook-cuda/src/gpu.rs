@@ -14,6 +14,7 @@ use brook_core::experts::budget::fmt_bytes;
 use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
 
+pub use crate::buffers::{DevBuf, Pinned};
 use crate::nvrtc::ptx_for;
 
 /// The CUDA C source of every kernel.
@@ -93,7 +94,7 @@ pub struct Kernels {
 /// memory held (checked against the budget on every allocation).
 #[derive(Debug)]
 pub struct Gpu {
-    ctx: sys::CUcontext,
+    pub(crate) ctx: sys::CUcontext,
     dev: sys::CUdevice,
     pub stream: sys::CUstream,
     pub k: Kernels,
@@ -103,7 +104,7 @@ pub struct Gpu {
     /// Dynamic shared memory one block may use (bytes).
     pub max_smem: u32,
     pub budget: u64,
-    used: AtomicU64,
+    pub(crate) used: AtomicU64,
     module: sys::CUmodule,
     /// Seconds NVRTC took (0 when the disk cache had the kernels).
     pub compile_s: f64,
@@ -454,120 +455,6 @@ impl Drop for Gpu {
             let _ = result::stream::destroy(self.stream);
             let _ = result::module::unload(self.module);
             let _ = result::primary_ctx::release(self.dev);
-        }
-    }
-}
-
-/// Device memory that frees itself.
-#[derive(Debug)]
-pub struct DevBuf {
-    gpu: Arc<Gpu>,
-    pub ptr: u64,
-    pub bytes: usize,
-}
-
-impl DevBuf {
-    /// Writes `data` at the start (synchronously with respect to the host).
-    pub fn write<T: Copy>(&self, data: &[T]) -> Result<()> {
-        self.write_at(0, data)
-    }
-
-    /// Writes `data` at byte `offset`, waiting for the stream first so earlier kernels that
-    /// read this buffer are done.
-    pub fn write_at<T: Copy>(&self, offset: usize, data: &[T]) -> Result<()> {
-        let n = std::mem::size_of_val(data);
-        if offset + n > self.bytes {
-            return Err(Error::Device(format!(
-                "write of {n} bytes at {offset} past a {}-byte buffer",
-                self.bytes
-            )));
-        }
-        self.gpu.sync()?;
-        self.gpu.queued_other();
-        // SAFETY: in bounds (checked); synchronous copy from a live host slice.
-        unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr() as *const c_void, n) }
-            .result()
-            .map_err(|e| err("copying to the GPU", e))
-    }
-
-    /// Zeroes the buffer (queued on the stream).
-    pub fn zero(&self) -> Result<()> {
-        self.gpu.queued_other();
-        // SAFETY: the buffer's own extent.
-        unsafe { result::memset_d8_async(self.ptr, 0, self.bytes, self.gpu.stream) }
-            .map_err(|e| err("clearing GPU memory", e))
-    }
-
-    /// Reads the whole buffer as `T`s.
-    pub fn read<T: Copy + Default>(&self) -> Result<Vec<T>> {
-        let mut v = vec![T::default(); self.bytes / std::mem::size_of::<T>()];
-        self.gpu.copy_out(self.ptr, &mut v)?;
-        Ok(v)
-    }
-}
-
-impl Drop for DevBuf {
-    fn drop(&mut self) {
-        // SAFETY: allocated by malloc_sync and freed once; pending work on it is waited for.
-        unsafe {
-            let _ = result::ctx::set_current(self.gpu.ctx);
-            let _ = result::stream::synchronize(self.gpu.stream);
-            let _ = result::free_sync(self.ptr);
-        }
-        self.gpu
-            .used
-            .fetch_sub(self.bytes as u64, Ordering::Relaxed);
-    }
-}
-
-/// Page-locked host memory, so copies to the GPU run asynchronously at full PCIe speed.
-#[derive(Debug)]
-pub struct Pinned {
-    gpu: Arc<Gpu>,
-    ptr: *mut u8,
-    pub bytes: usize,
-}
-
-// SAFETY: plain host memory owned by this value.
-unsafe impl Send for Pinned {}
-// SAFETY: as above; shared access is read-only.
-unsafe impl Sync for Pinned {}
-
-impl Pinned {
-    pub fn new(gpu: &Arc<Gpu>, bytes: usize) -> Result<Pinned> {
-        gpu.bind()?;
-        // SAFETY: a plain page-locked allocation, freed in Drop.
-        let ptr = unsafe { result::malloc_host(bytes.max(64), 0) }
-            .map_err(|e| err("allocating pinned host memory", e))? as *mut u8;
-        Ok(Pinned {
-            gpu: gpu.clone(),
-            ptr,
-            bytes,
-        })
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        // SAFETY: ptr holds `bytes` bytes owned by self.
-        unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }
-    }
-
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        // SAFETY: as above, exclusively borrowed.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr, self.bytes) }
-    }
-
-    pub fn ptr(&self) -> *const u8 {
-        self.ptr
-    }
-}
-
-impl Drop for Pinned {
-    fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host; copies from it are waited for first.
-        unsafe {
-            let _ = result::ctx::set_current(self.gpu.ctx);
-            let _ = result::stream::synchronize(self.gpu.stream);
-            let _ = result::free_host(self.ptr as *mut c_void);
         }
     }
 }

@@ -9,6 +9,7 @@
 //! holds them, else a cache of expert slots filled from the host by asynchronous copies.
 
 mod blocks;
+mod buffers;
 pub mod delta;
 pub mod experts;
 pub mod gpu;

@@ -1,6 +1,7 @@
 // One-token matrix kernels on the tensor cores (part of brook's CUDA source; see common.cu),
-// for 4-bit matrices whose groups hold a power of two ≥ 64 of values (MLX's default is 64)
-// and whose width is a multiple of 128. Ampere and later; the host checks (ops.rs `tc_fits`).
+// for 4-bit matrices with bf16 or f16 scales in groups of 64 (MLX's default) or 128 and a
+// width that is a multiple of 512 (TCU chunks of 128). Ampere and later; the host checks
+// (ops.rs `tc_fits`).
 //
 // Still exact f32 arithmetic, not a lossy path:
 // - an activation splits into three bf16 parts, x = x₁ + x₂ + x₃ with no rounding (each part
@@ -10,10 +11,11 @@
 // - w = s·q + b = s·(q − 8) + (b + 8s), so a row's product is
 //   Σ_groups s·Σ(q − 8)·x + (b + 8s)·Σx, the group sums of x taken once per block.
 // One m16n8k16 mma multiplies 16 rows × 16 codes by the three parts in columns 0..2 of B
-// (columns 3..7 are zero), so the rounding is that of f32 sums, as on the CUDA cores. The
-// win is the decoding: a bf16 pair of codes costs a shift, a mask-and-OR into 128's
-// mantissa and one bf16x2 FMA, against a byte permute, a subtraction and an FMA per code on
-// the CUDA cores, which made those kernels issue-bound (docs/BENCH.md).
+// (columns 3..7 are zero), so the rounding is that of f32 sums, as on the CUDA cores (the
+// tests hold both paths to the same bound against the reference). The win is the decoding:
+// a bf16 pair of codes costs a shift, a mask-and-OR into 128's mantissa and one bf16x2 FMA,
+// against a byte permute, a subtraction and an FMA per code on the CUDA cores, which made
+// those kernels issue-bound (docs/BENCH.md).
 //
 // Layout. A row's codes are taken 128 columns (16 words, a "chunk") at a time; lane
 // (g = lane / 4, t = lane % 4) of a warp reads words h·8 + 2t and h·8 + 2t + 1 (h = 0, 1:
