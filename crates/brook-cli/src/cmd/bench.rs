@@ -1,6 +1,8 @@
 //! `brook bench`: llama-bench-style speed rows plus what streaming needs to be judged by:
 //! time to first token, peak RSS, expert-cache hit rate, bytes read per token, achieved and
-//! measured disk bandwidth, and the ratio of decode speed to the disk/memory limit.
+//! measured disk bandwidth, the ratio of decode speed to the disk/memory limit, and a
+//! decoded token's time against the larger of its read time and its compute time (CPU
+//! seconds per compute thread), which shows whether reads and compute overlap.
 //!
 //! A list of budgets or thread counts runs each combination in a child process, so each row's
 //! peak RSS is its own.
@@ -68,8 +70,17 @@ pub struct Row {
     pub mem_bw_gb_s: f64,
     /// Weight bytes one decoded token touches.
     pub bytes_touched_per_token: f64,
-    /// Decode limit from disk and memory bandwidth.
+    /// Decode limit: 1 / max(bytes touched / memory bandwidth, bytes read / disk bandwidth),
+    /// the disk's being the larger of the measurement and what the run's reads achieved.
     pub limit_tok_s: f64,
+    /// Compute time of a decoded token: the process's CPU seconds during decode per token,
+    /// divided by the compute threads (waits for reads use no CPU; spinning workers and the
+    /// I/O threads count, so this errs high). CPU backend only.
+    #[serde(default)]
+    pub compute_s_per_token: f64,
+    /// Disk time of a decoded token: bytes read / the limit's disk bandwidth.
+    #[serde(default)]
+    pub read_s_per_token: f64,
     pub open_s: f64,
     /// "cpu", "cuda" or "reference".
     #[serde(default)]
@@ -96,7 +107,7 @@ pub struct GpuRow {
     pub hbm_gb_s: f64,
     /// Pinned host → device bandwidth, GB/s, measured in this run.
     pub h2d_gb_s: f64,
-    /// 1 / max(bytes touched / HBM, copied / PCIe, disk reads / disk).
+    /// 1 / max(bytes touched / HBM, copied / PCIe, disk reads / disk (as the row's limit)).
     pub limit_tok_s: f64,
 }
 
@@ -263,17 +274,19 @@ fn run_one(a: &Args) -> Result<Row> {
     let before = model.experts.stats();
     let gpu_before = runner.gpu_stats();
     let mut steps = 0u64;
+    let mut decode_cpu_s = 0.0;
     if a.n_gen > 0 {
         for _ in 0..a.repetitions {
             let mut st = runner.new_state(a.model.context);
             let first = token();
             let mut logits = runner.forward(&mut st, &[first], Logits::Last)?;
-            let t = Instant::now();
+            let (t, cpu0) = (Instant::now(), budget::cpu_seconds());
             for _ in 0..a.n_gen {
                 let next = argmax(&logits);
                 logits = runner.forward(&mut st, &[next], Logits::Last)?;
             }
             tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
+            decode_cpu_s += budget::cpu_seconds() - cpu0;
             steps += a.n_gen as u64 + 1;
         }
     }
@@ -298,18 +311,36 @@ fn run_one(a: &Args) -> Result<Row> {
     let dense_bytes = dense_bytes(&model) as f64 - embed;
     let touched =
         dense_bytes + (cfg.num_experts_per_tok * cfg.num_hidden_layers) as f64 * expert_bytes_one;
+    // The disk's bandwidth for the limit: the measurement before the runs, or what the runs'
+    // own reads achieved while in flight when that is more (the disk is shared, and a
+    // measurement that ran low would put the limit below what was reached).
+    let achieved = delta.map_or(0.0, |d| d.read_gb_s()) * 1e9;
+    let limit_disk_bw = if disk_bw > 0.0 {
+        disk_bw.max(achieved)
+    } else {
+        0.0
+    };
     let mut limit_s = touched / (mem_bw * 1e9).max(1.0);
-    if disk_bw > 0.0 {
-        limit_s = limit_s.max(bytes_read_per_token / disk_bw);
-    }
+    let read_s_per_token = if limit_disk_bw > 0.0 {
+        bytes_read_per_token / limit_disk_bw
+    } else {
+        0.0
+    };
+    limit_s = limit_s.max(read_s_per_token);
+    let decoded = (a.n_gen * a.repetitions) as f64;
+    let compute_s_per_token = if gpu_bw.is_none() && decoded > 0.0 {
+        decode_cpu_s / threads.max(1) as f64 / decoded
+    } else {
+        0.0
+    };
     let gpu = match (gpu_before, gpu_after, gpu_bw) {
         (Some(b), Some(g), Some((hbm, h2d))) => {
             let copied = per_tok(g.bytes_copied - b.bytes_copied);
             let n = (g.hits - b.hits) + (g.misses - b.misses);
             let mut lim = touched / (hbm * 1e9).max(1.0);
             lim = lim.max(copied / (h2d * 1e9).max(1.0));
-            if disk_bw > 0.0 {
-                lim = lim.max(bytes_read_per_token / disk_bw);
+            if limit_disk_bw > 0.0 {
+                lim = lim.max(bytes_read_per_token / limit_disk_bw);
             }
             Some(GpuRow {
                 device: g.device,
@@ -363,6 +394,8 @@ fn run_one(a: &Args) -> Result<Row> {
         mem_bw_gb_s: mem_bw,
         bytes_touched_per_token: touched,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
+        compute_s_per_token,
+        read_s_per_token,
         open_s,
         backend: runner.name().to_string(),
         gpu,
@@ -472,12 +505,18 @@ fn print_tables(rows: &[Row]) {
     }
     println!();
     println!(
-        "| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit |"
+        "| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit | ms/token: decode, read, compute | decode / max(read, compute) |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
+        let decode_s = if r.tg_tok_s > 0.0 {
+            1.0 / r.tg_tok_s
+        } else {
+            0.0
+        };
+        let bound = r.read_s_per_token.max(r.compute_s_per_token);
         println!(
-            "| {} | {:.2} | {} | {:.1}% | {:.3} | {:.2} / {:.2} | {:.1} | {:.2} | {:.0}% |",
+            "| {} | {:.2} | {} | {:.1}% | {:.3} | {:.2} / {:.2} | {:.1} | {:.2} | {:.0}% | {:.0}, {:.0}, {:.0} | {:.2}x |",
             r.budget_bytes.map_or("auto".to_string(), fmt_bytes),
             r.ttft_s,
             fmt_bytes(r.peak_rss_bytes),
@@ -491,7 +530,11 @@ fn print_tables(rows: &[Row]) {
                 r.tg_tok_s / r.limit_tok_s * 100.0
             } else {
                 0.0
-            }
+            },
+            decode_s * 1e3,
+            r.read_s_per_token * 1e3,
+            r.compute_s_per_token * 1e3,
+            if bound > 0.0 { decode_s / bound } else { 0.0 }
         );
     }
 }

@@ -114,6 +114,25 @@ fn meminfo_field(s: &str, key: &str) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU seconds (user and system) this process has used so far, all threads together, from
+/// /proc/self/stat (0 where it cannot be read). Threads blocked on a read use none.
+pub fn cpu_seconds() -> f64 {
+    let Ok(s) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which may hold spaces, so split after its ')'):
+    // utime and stime are the 12th and 13th, in clock ticks.
+    let Some(rest) = s.rsplit_once(')').map(|(_, r)| r) else {
+        return 0.0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+    // SAFETY: sysconf reads a constant of the system; no memory is passed.
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let hz = if hz > 0 { hz as f64 } else { 100.0 };
+    (ticks(11) + ticks(12)) as f64 / hz
+}
+
 /// This process's current and peak resident set (VmRSS, VmHWM).
 pub fn rss() -> (u64, u64) {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -195,6 +214,22 @@ impl Plan {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_seconds_grow_with_work() {
+        let t0 = cpu_seconds();
+        let start = std::time::Instant::now();
+        let mut x = 0u64;
+        while start.elapsed().as_millis() < 300 {
+            x = x.wrapping_mul(6364136223846793005).wrapping_add(1);
+        }
+        std::hint::black_box(x);
+        let used = cpu_seconds() - t0;
+        assert!(
+            used > 0.1 && used < 30.0,
+            "{used} CPU seconds for 0.3 s of spinning"
+        );
+    }
 
     #[test]
     fn sizes_parse_like_users_write_them() {
