@@ -179,3 +179,50 @@ fn a_layer_file_that_shrinks_or_disappears_gives_an_error_not_a_crash() {
         .expect_err("must fail");
     assert!(e.to_string().contains("deleted"), "{e}");
 }
+
+/// The CPU engine's decode with prefetch (the next layer's likeliest experts read during its
+/// mixer) gives the same bits as without, and does read ahead.
+#[test]
+fn cpu_decode_with_prefetch_is_bit_identical_and_reads_ahead() {
+    use brook_core::cpu::{CpuModel, CpuOptions, Precision, SimdLevel};
+    for name in MODELS {
+        let dir = tempfile::tempdir().expect("tmp");
+        let c = dir.path().join("c");
+        container(name, &c);
+        let tokens = Reference::open(name).ids("tokens");
+        let run = |m: &Model| {
+            let opts = CpuOptions {
+                threads: 2,
+                max_chunk: 8,
+                max_context: 64,
+                level: Some(SimdLevel::detect()),
+                precision: Precision::F32,
+            };
+            let mut cpu = CpuModel::new(m, opts).expect("cpu");
+            let mut st = cpu.new_state(64);
+            let mut logits = cpu
+                .forward(&mut st, &tokens, Logits::Last)
+                .expect("prefill")
+                .to_vec();
+            let mut out = logits.clone();
+            for _ in 0..6 {
+                let next = argmax(&logits);
+                logits = cpu
+                    .forward(&mut st, &[next], Logits::Last)
+                    .expect("step")
+                    .to_vec();
+                out.extend_from_slice(&logits);
+            }
+            out
+        };
+        let mut off = open(&c, 8);
+        off.prefetch = false;
+        let want = run(&off);
+        let mut on = open(&c, 8);
+        on.prefetch = true;
+        assert_eq!(run(&on), want, "{name}");
+        let stats = on.experts.stats().expect("a cache");
+        assert!(stats.prefetches > 0, "{name}: nothing read ahead");
+        assert_eq!(off.experts.stats().expect("a cache").prefetches, 0);
+    }
+}

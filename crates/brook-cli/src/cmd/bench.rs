@@ -181,8 +181,8 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     if let Some(n) = a.model.expert_cache {
         cmd.args(["--expert-cache", &n.to_string()]);
     }
-    if a.model.prefetch {
-        cmd.arg("--prefetch");
+    if a.model.no_prefetch {
+        cmd.arg("--no-prefetch");
     }
     cmd.args(["--precision", &a.model.precision]);
     let out = cmd.output().context("running a bench child")?;

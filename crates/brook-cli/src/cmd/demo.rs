@@ -65,7 +65,7 @@ pub fn run(a: Args) -> Result<()> {
         memory_budget: Some(a.memory_budget.clone()),
         expert_cache: None,
         context: 4096,
-        prefetch: false,
+        no_prefetch: false,
         backend: "cpu".into(),
         gpu_memory_budget: None,
         threads: a.threads.into_iter().collect(),

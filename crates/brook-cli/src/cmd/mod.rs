@@ -70,9 +70,10 @@ pub struct ModelArgs {
     /// Longest sequence (prompt + generation) to size the state for.
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
-    /// Prefetch the next layer's likely experts (experimental).
+    /// Do not read the next layer's likeliest experts while its mixer computes (streaming
+    /// only; on by default, see docs/BENCH.md "Prefetch").
     #[arg(long)]
-    pub prefetch: bool,
+    pub no_prefetch: bool,
     /// Compute backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]
     pub backend: String,
@@ -121,7 +122,7 @@ impl ModelArgs {
             threads: self.threads.first().copied(),
             memory_budget: parse(&self.memory_budget)?,
             context: self.context,
-            prefetch: self.prefetch,
+            prefetch: !self.no_prefetch,
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,
                 "fast" => Precision::Fast,

@@ -333,9 +333,6 @@ impl<'m> CpuModel<'m> {
             }
             add(level, delta, x);
             rms_norm_rows(level, x, &layer.post_attention_layernorm, eps, normed);
-            if model.prefetch {
-                model.prefetch_next(i, x);
-            }
             moe::forward(
                 &ex,
                 &layer.mlp,
@@ -357,6 +354,16 @@ impl<'m> CpuModel<'m> {
                     .collect();
                 f(Stage::Routes(i, &routes));
                 f(Stage::Layer(i, x));
+            }
+            if let Some(next) = model
+                .dense
+                .layers
+                .get(i + 1)
+                .filter(|_| model.prefetch && t == 1)
+            {
+                rms_norm_rows(level, x, &next.post_attention_layernorm, eps, normed);
+                let experts = model.experts.as_ref();
+                moe::prefetch_next(&ex, &next.mlp, cfg, experts, i + 1, normed, &mut self.moe)?;
             }
         }
         state.pos += t;

@@ -16,6 +16,7 @@ use crate::cpu::ops::{route_top_k, swiglu_act};
 use crate::cpu::pool::{Chunks, SharedMut};
 use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec};
 use crate::error::{Error, Result};
+use crate::model::PREFETCH_GUESSES;
 use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 use crate::model::ops::sigmoid;
 use crate::model::weights::MoeWeights;
@@ -126,6 +127,32 @@ pub fn forward(
     } else {
         prefill(ex, w, cfg, experts, layer, x, t, out, s)
     }
+}
+
+/// `--prefetch` for one token: `normed` is the residual stream leaving a layer, normed with
+/// the next layer's norm; routes it with that layer's router (its mixer has not run yet) and
+/// hands the likeliest [`PREFETCH_GUESSES`] experts to the expert source to read while the
+/// mixer computes. Uses the router scratch, which the next MoE overwrites.
+pub fn prefetch_next(
+    ex: &Exec<'_>,
+    next: &MoeWeights,
+    cfg: &ModelConfig,
+    experts: &dyn ExpertSource,
+    layer: usize,
+    normed: &[f32],
+    s: &mut MoeScratch,
+) -> Result<()> {
+    let (e_n, g) = (cfg.num_experts, PREFETCH_GUESSES.min(s.k));
+    let router = &mut s.router[..e_n];
+    ex.linears(
+        normed,
+        1,
+        &mut s.xs,
+        &mut [(next.gate.view(), &mut *router)],
+    )?;
+    route_top_k(router, false, &mut s.sel[..g], &mut s.wts[..g]);
+    experts.prefetch(layer, &s.sel[..g]);
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -219,9 +219,6 @@ impl Model {
                 cfg.rms_norm_eps,
                 &mut normed,
             );
-            if self.prefetch {
-                self.prefetch_next(i, &x);
-            }
             let routes = moe::forward(
                 &layer.mlp,
                 cfg,
@@ -231,6 +228,9 @@ impl Model {
                 &mut delta,
             )?;
             x.iter_mut().zip(&delta).for_each(|(a, b)| *a += b);
+            if self.prefetch {
+                self.prefetch_next(i, &x);
+            }
             if let Some(f) = trace.as_mut() {
                 f(Stage::Routes(i, &routes));
                 f(Stage::Layer(i, &x));
@@ -252,27 +252,33 @@ impl Model {
     }
 }
 
+/// Experts read ahead per layer by `--prefetch` (the best guesses only): about what the disk
+/// reads while the next layer's mixer computes, so wrong guesses cost little disk time.
+pub const PREFETCH_GUESSES: usize = 4;
+
 impl Model {
-    /// Routes `x` (the residual stream inside layer `i`) with layer i+1's norm and router and
-    /// asks the expert source to start reading those experts.
+    /// One token's residual stream `x` leaving layer `i`: routes it with layer i+1's norm and
+    /// router (without that layer's mixer, which has not run yet) and asks the expert source
+    /// to start reading the [`PREFETCH_GUESSES`] likeliest experts, so the reads overlap the
+    /// mixer's compute. Prefill chunks (several tokens) need nearly every expert anyway and
+    /// read none ahead.
     pub(crate) fn prefetch_next(&self, i: usize, x: &[f32]) {
+        let h = self.cfg.hidden_size;
         let Some(next) = self.dense.layers.get(i + 1) else {
             return;
         };
-        let h = self.cfg.hidden_size;
-        let mut normed = vec![0.0; h];
-        let mut ids = Vec::new();
-        for xt in x.chunks_exact(h) {
-            ops::rms_norm(
-                xt,
-                &next.post_attention_layernorm,
-                self.cfg.rms_norm_eps,
-                &mut normed,
-            );
-            ids.extend(moe::route(&next.mlp, &self.cfg, &normed).experts);
+        if x.len() != h {
+            return;
         }
-        ids.sort_unstable();
-        ids.dedup();
+        let mut normed = vec![0.0; h];
+        ops::rms_norm(
+            x,
+            &next.post_attention_layernorm,
+            self.cfg.rms_norm_eps,
+            &mut normed,
+        );
+        let mut ids = moe::route(&next.mlp, &self.cfg, &normed).experts;
+        ids.truncate(PREFETCH_GUESSES);
         self.experts.prefetch(i + 1, &ids);
     }
 }

@@ -32,7 +32,9 @@ pub struct OpenOptions {
     pub prefill_chunk: usize,
     /// Reader threads for expert misses.
     pub io_threads: usize,
-    /// Start reads for the next layer's likely experts early (an experiment; see BENCH.md).
+    /// When experts stream, start reading the next layer's likeliest experts (routed with its
+    /// router on the stream leaving this layer) while its mixer computes (docs/BENCH.md,
+    /// "Prefetch": on by default, it measured faster).
     pub prefetch: bool,
     /// Which forward pass runs.
     pub backend: Backend,
@@ -86,7 +88,7 @@ impl Default for OpenOptions {
             context: 4096,
             prefill_chunk: 256,
             io_threads: 8,
-            prefetch: false,
+            prefetch: true,
             backend: Backend::Cpu,
             threads: None,
             precision: Default::default(),
