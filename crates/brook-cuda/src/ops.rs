@@ -40,15 +40,13 @@ pub fn tc_fits(m: &Mat, tile: i32) -> bool {
             && [m.w, m.s, m.b].iter().all(|a| a % 16 == 0))
 }
 
-/// Whether every matrix of `ms` fits [`tc_fits`] in the format of the first (the kernels take
-/// one scale type and group size per launch) and the GPU uses tensor cores.
+/// Whether every matrix of `ms` fits [`tc_fits`] in the format of the first (the kernels are
+/// instantiated for one scale type and group size per launch) and the GPU uses tensor cores.
 fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
     let first = ms[0];
     g.tensor_cores()
         && ms.iter().all(|m| {
-            tc_fits(m, tile)
-                && (m.rows == 0
-                    || (m.stype == first.stype && m.group == first.group && m.cols == first.cols))
+            tc_fits(m, tile) && (m.rows == 0 || (m.stype == first.stype && m.group == first.group))
         })
 }
 
@@ -271,11 +269,7 @@ pub fn moe_down(
     let warps = down_tc_warps(k);
     let tc_bytes =
         tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + warps * 16 * 4;
-    if tc_all(g, &[down], 16)
-        && tc_all(g, &[sdown], 16)
-        && down.rows == sdown.rows
-        && tc_bytes <= g.max_smem as usize
-    {
+    if tc_all(g, &[down, sdown], 16) && down.rows == sdown.rows && tc_bytes <= g.max_smem as usize {
         return g.launch(
             g.k.down_tc,
             ((down.rows / 16) as u32, 1, 1),
