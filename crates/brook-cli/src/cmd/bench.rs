@@ -328,7 +328,7 @@ fn run_one(a: &Args) -> Result<Row> {
     };
     limit_s = limit_s.max(read_s_per_token);
     let decoded = (a.n_gen * a.repetitions) as f64;
-    let compute_s_per_token = if gpu_bw.is_none() && decoded > 0.0 {
+    let compute_s_per_token = if a.model.backend == "cpu" && decoded > 0.0 {
         decode_cpu_s / threads.max(1) as f64 / decoded
     } else {
         0.0
