@@ -1,6 +1,6 @@
 //! Launchers of the gated delta rule (kernels/mixers.cu and delta.cu), shared by the
-//! DeltaNet block and the kernel tests: `delta_rule_*` runs the recurrence a token at a time (decode),
-//! `delta_chunk_*` a chunk of 64 tokens at a time (prefill). They mirror brook_core's
+//! DeltaNet block and the kernel tests: `delta_rule_*` runs the recurrence a token at a time
+//! (decode), `delta_chunk_*` a chunk of 64 tokens at a time (prefill). They mirror brook_core's
 //! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills.
 
 use brook_core::model::delta_net::DeltaMode;
