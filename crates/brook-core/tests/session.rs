@@ -3,8 +3,6 @@
 
 mod common;
 
-use std::sync::Mutex;
-
 use brook_core::model::open::OpenOptions;
 use brook_core::session::{CancelToken, Event, FinishReason, GenOptions, Llm};
 use brook_core::text::{Message, SamplingParams};
@@ -18,26 +16,20 @@ fn greedy(max: usize) -> GenOptions {
     }
 }
 
-static MODEL: Mutex<Option<(tempfile::TempDir, std::path::PathBuf)>> = Mutex::new(None);
-
+/// The model, built and opened once per test binary. Its folder is deleted once the model is
+/// open (the model holds its files open), so no run leaves a model in the temp directory.
 fn llm() -> std::sync::Arc<Llm> {
-    let mut g = MODEL.lock().unwrap_or_else(|p| p.into_inner());
-    if g.is_none() {
+    static LLM: std::sync::OnceLock<std::sync::Arc<Llm>> = std::sync::OnceLock::new();
+    LLM.get_or_init(|| {
         let dir = tempfile::tempdir().expect("tmp");
         let path = common::chat_model(dir.path());
-        *g = Some((dir, path));
-    }
-    let path = g.as_ref().map(|(_, p)| p.clone()).expect("model");
-    std::sync::Arc::new(
-        Llm::open(
-            &path,
-            OpenOptions {
-                context: 2048,
-                ..Default::default()
-            },
-        )
-        .expect("open"),
-    )
+        let opts = OpenOptions {
+            context: 2048,
+            ..Default::default()
+        };
+        std::sync::Arc::new(Llm::open(&path, opts).expect("open"))
+    })
+    .clone()
 }
 
 #[test]
