@@ -302,6 +302,18 @@ impl<'m> CpuModel<'m> {
         if let Some(f) = trace.as_mut() {
             f(Stage::Embed(x));
         }
+        // Layer 0's likely experts, guessed from the embedding, read while its mixer computes
+        // (the other layers' guesses are made after the layer before them).
+        if let Some(first) = model
+            .dense
+            .layers
+            .first()
+            .filter(|_| model.prefetch && t == 1)
+        {
+            rms_norm_rows(level, x, &first.post_attention_layernorm, eps, normed);
+            let experts = model.experts.as_ref();
+            moe::prefetch_next(&ex, &first.mlp, cfg, experts, 0, normed, &mut self.moe)?;
+        }
         let pos0 = state.pos;
         for (i, (layer, ls)) in model.dense.layers.iter().zip(&mut state.layers).enumerate() {
             rms_norm_rows(level, x, &layer.input_layernorm, eps, normed);

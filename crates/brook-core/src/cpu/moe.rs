@@ -1,19 +1,20 @@
 //! The sparse MoE block on the CPU kernels: router, top-k, routed and shared SwiGLU experts.
 //!
-//! Owns the block's scratch ([`MoeScratch`], sized once) and its schedule: for one token,
-//! three pool jobs (router + shared gate/up; routed gate/up; every expert's down projection
-//! with the weighted sum done per output row; with streamed experts the router runs alone
-//! first so the reads overlap the shared expert and the experts that landed); for a chunk, each needed expert runs once on
-//! the tokens routed to it. Experts are fetched once per call through
-//! [`ExpertSource::fetch_into`] into a reserved vector. It must not allocate in the one-token
-//! path or index packed bytes. Mirrors [`crate::model::moe::forward`] (routes are identical;
+//! Owns the block's scratch ([`MoeScratch`], sized once) and its schedule. For one token: the
+//! router (with streamed experts alone first, so the reads start), the shared expert's gate
+//! and up, then one pool job ([`Schedule`]) in which each routed expert's gate/up runs as soon
+//! as it lands and each expert's down projection as soon as its activations are ready, into
+//! its own output row; the weighted sum is taken in slot order after. For a chunk, each
+//! needed expert runs once on the tokens routed to it. Experts are fetched once per call
+//! through [`ExpertSource::fetch_into`] into a reserved vector. It must not allocate in the
+//! one-token path or index packed bytes. Mirrors [`crate::model::moe::forward`] (routes are identical;
 //! sums differ in order only).
 
 use crate::config::ModelConfig;
 use crate::cpu::SimdLevel;
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{route_top_k, swiglu_act};
-use crate::cpu::pool::{Chunks, SharedMut};
+use crate::cpu::pool::SharedMut;
 use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec};
 use crate::error::{Error, Result};
 use crate::model::PREFETCH_GUESSES;
@@ -74,7 +75,8 @@ pub struct MoeScratch {
     start: Vec<usize>,          // [E+1] bucket offsets
     cursor: Vec<usize>,         // [E] placement cursor
     xe: Vec<f32>,               // [C, H] tokens routed to one expert
-    ye: Vec<f32>,               // [C, H] that expert's outputs; then the shared expert's
+    ye: Vec<f32>,               // [C or k+1, H] that expert's outputs; then the shared expert's
+    sched: Vec<usize>,          // [3(k+1)] one-token schedule counters
 }
 
 impl MoeScratch {
@@ -102,7 +104,8 @@ impl MoeScratch {
             start: vec![0; e + 1],
             cursor: vec![0; e],
             xe: vec![0.0; chunk * h],
-            ye: vec![0.0; chunk * h],
+            ye: vec![0.0; rows * h],
+            sched: vec![0; 3 * (k + 1)],
         }
     }
 }
@@ -234,87 +237,232 @@ fn decode(
             s.handles.len()
         )));
     }
-    for hd in &s.handles {
-        let v = hd.view();
-        for m in [v.gate_proj, v.up_proj, v.down_proj] {
-            check(&m)?;
-        }
-        if v.gate_proj.out_features != i_w || v.down_proj.in_features != i_w {
-            return Err(Error::Invalid(format!(
-                "an expert of layer {layer} is not {i_w} wide"
-            )));
-        }
+    // The shared expert's gate and up are done: its activations and down are ready to go.
+    let (level, h) = (ex.level, cfg.hidden_size);
+    {
+        let (g, u) = (&mut s.hg[k * width..][..is], &s.hu[k * width..][..is]);
+        swiglu_act(g, u);
+        s.preps[k].prepare_with(level, ex.precision, g);
     }
-    let level = ex.level;
+    let per = i_w.div_ceil(GU_ROWS);
+    let per_down = h.div_ceil(DOWN_ROWS);
+    let sched = std::sync::Mutex::new(Schedule::new(&mut s.sched[..3 * (k + 1)], k, per));
     {
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
-        let (handles, prep) = (&s.handles, &s.xs.prep);
-        // Units: (slot, block of 32 rows) of gate and up together.
-        // Units are claimed in slot order, so a thread waiting for a streamed expert holds
-        // up only that expert's rows.
-        let per = i_w.div_ceil(32);
-        let chunks = Chunks::new(handles.len() * per, 1);
-        let failed = std::sync::Mutex::new(None::<Error>);
+        let (preps, ys) = (SharedMut::new(&mut s.preps), SharedMut::new(&mut s.ye));
+        let (handles, prep, prec) = (&s.handles, &s.xs.prep, ex.precision);
+        let lock = || sched.lock().unwrap_or_else(|p| p.into_inner());
         ex.pool.run(&|_| {
-            while let Some(units) = chunks.claim() {
-                let (slot, r0) = (units.start / per, units.start % per * 32);
-                let rows = r0..(r0 + 32).min(i_w);
-                if let Err(e) = handles[slot].wait() {
-                    failed
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .get_or_insert(e);
-                    continue;
+            loop {
+                let unit = lock().claim(|slot| handles[slot].landed(), per_down);
+                match unit {
+                    Unit::Done => return,
+                    // Another thread holds the last open work; sleep on a read it waits for
+                    // rather than spin (its error, if any, is reported by that thread).
+                    Unit::Wait => match (0..k).find(|&slot| !handles[slot].landed()) {
+                        Some(slot) => drop(handles[slot].wait()),
+                        None => std::thread::yield_now(),
+                    },
+                    Unit::GateUp(slot, block) => {
+                        let at = slot * width;
+                        let rows = block * GU_ROWS..((block + 1) * GU_ROWS).min(i_w);
+                        let v = match gate_up_ready(&*handles[slot], layer, i_w) {
+                            Ok(v) => v,
+                            Err(e) => {
+                                lock().fail(e);
+                                return;
+                            }
+                        };
+                        // SAFETY: each (slot, block) is claimed once, so these rows are ours.
+                        let (g, u) = unsafe {
+                            (
+                                hg.slice(at + rows.start..at + rows.end),
+                                hu.slice(at + rows.start..at + rows.end),
+                            )
+                        };
+                        matvec_rows(level, &v.gate_proj, prep, g, rows.clone());
+                        matvec_rows(level, &v.up_proj, prep, u, rows);
+                        if lock().gate_up_done(slot) {
+                            // SAFETY: the slot's gate/up blocks are all done and its down
+                            // blocks are not claimable until `prepared`, so we hold it alone.
+                            let (g, u, xp) = unsafe {
+                                (
+                                    hg.slice(at..at + i_w),
+                                    hu.slice(at..at + i_w),
+                                    &mut preps.slice(slot..slot + 1)[0],
+                                )
+                            };
+                            swiglu_act(g, u);
+                            xp.prepare_with(level, prec, g);
+                            lock().prepared(slot);
+                        }
+                    }
+                    Unit::Down(slot, block) => {
+                        let rows = block * DOWN_ROWS..((block + 1) * DOWN_ROWS).min(h);
+                        let down = if slot < k {
+                            handles[slot].view().down_proj
+                        } else {
+                            sh.down_proj
+                        };
+                        // SAFETY: (slot, block) is claimed once; the slot's prep was written
+                        // before `prepared` (under the lock) and is only read from now on.
+                        let (y, xp) = unsafe {
+                            (
+                                ys.slice(slot * h + rows.start..slot * h + rows.end),
+                                &preps.slice(slot..slot + 1)[0],
+                            )
+                        };
+                        matvec_rows(level, &down, xp, y, rows);
+                    }
                 }
-                let v = handles[slot].view();
-                let at = slot * width;
-                // SAFETY: each unit is claimed once, so its rows of this slot are ours.
-                let (g, u) = unsafe {
-                    (
-                        hg.slice(at + rows.start..at + rows.end),
-                        hu.slice(at + rows.start..at + rows.end),
-                    )
-                };
-                matvec_rows(level, &v.gate_proj, prep, g, rows.clone());
-                matvec_rows(level, &v.up_proj, prep, u, rows);
             }
         });
-        if let Some(e) = failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
-            return Err(e);
-        }
     }
-    for slot in 0..=k {
-        let wd = if slot < k { i_w } else { is };
-        let (g, u) = (&mut s.hg[slot * width..][..wd], &s.hu[slot * width..][..wd]);
-        swiglu_act(g, u);
-        s.preps[slot].prepare_with(level, ex.precision, g);
+    if let Some(e) = sched.into_inner().unwrap_or_else(|p| p.into_inner()).failed {
+        return Err(e);
     }
+    // The weighted sum, in slot order (routed by rank, then the shared expert), so the result
+    // does not depend on which reads landed first.
     let gs = sigmoid(s.sgate[0]);
-    let h = cfg.hidden_size;
-    let ys = SharedMut::new(&mut out[..h]);
-    let (handles, preps, wts) = (&s.handles, &s.preps, &s.wts[..k]);
-    let chunks = Chunks::new(h, 64);
-    ex.pool.run(&|_| {
-        let mut tmp = [0.0f32; 64];
-        while let Some(rows) = chunks.claim() {
-            let (r0, nr) = (rows.start, rows.len());
-            // SAFETY: each chunk of rows is claimed by one thread only.
-            let orow = unsafe { ys.slice(rows.clone()) };
-            orow.fill(0.0);
-            for slot in 0..=k {
-                let (down, coef) = if slot < k {
-                    (handles[slot].view().down_proj, wts[slot])
-                } else {
-                    (sh.down_proj, gs)
-                };
-                matvec_rows(level, &down, &preps[slot], &mut tmp[..nr], r0..r0 + nr);
-                for (a, b) in orow.iter_mut().zip(&tmp[..nr]) {
-                    *a += coef * b;
-                }
-            }
+    let o = &mut out[..h];
+    o.fill(0.0);
+    for slot in 0..=k {
+        let coef = if slot < k { s.wts[slot] } else { gs };
+        for (a, b) in o.iter_mut().zip(&s.ye[slot * h..][..h]) {
+            *a += coef * b;
         }
-    });
+    }
     Ok(())
+}
+
+/// Rows of one gate/up unit and of one down unit of the one-token MoE.
+const GU_ROWS: usize = 32;
+const DOWN_ROWS: usize = 64;
+
+/// Waits for a routed expert and checks it is a `width`-wide expert the kernels can run.
+fn gate_up_ready<'a>(hd: &'a dyn ExpertData, layer: usize, width: usize) -> Result<ExpertView<'a>> {
+    hd.wait()?;
+    let v = hd.view();
+    for m in [v.gate_proj, v.up_proj, v.down_proj] {
+        check(&m)?;
+    }
+    if v.gate_proj.out_features != width || v.down_proj.in_features != width {
+        return Err(Error::Invalid(format!(
+            "an expert of layer {layer} is not {width} wide"
+        )));
+    }
+    Ok(v)
+}
+
+/// One unit of the one-token MoE's work.
+enum Unit {
+    /// Gate and up rows of block `.1` of slot `.0` (a routed expert).
+    GateUp(usize, usize),
+    /// Down rows of block `.1` of slot `.0` (routed, or the shared expert at slot k).
+    Down(usize, usize),
+    /// Nothing claimable now, but claimed work will make some: try again.
+    Wait,
+    Done,
+}
+
+/// Which units of the one-token MoE are claimed and done. Each routed expert's gate/up
+/// blocks come first, preferring experts already in memory; when a slot's last block is done
+/// its activations are prepared and its down blocks open up, so the down projections of the
+/// experts that landed run while the rest are still being read (the shared expert's from the
+/// start). Counters live in the MoE scratch (no allocation per token).
+struct Schedule<'a> {
+    /// [k+1] next gate/up block to claim, gate/up blocks done, next down block to claim
+    /// (`usize::MAX` until the slot's activations are prepared).
+    next_gu: &'a mut [usize],
+    done_gu: &'a mut [usize],
+    next_down: &'a mut [usize],
+    k: usize,
+    per: usize,
+    /// Gate/up blocks and preparations claimed and not yet finished: work that opens more.
+    opening: usize,
+    failed: Option<Error>,
+}
+
+impl<'a> Schedule<'a> {
+    fn new(counters: &'a mut [usize], k: usize, per: usize) -> Self {
+        let (next_gu, rest) = counters.split_at_mut(k + 1);
+        let (done_gu, next_down) = rest.split_at_mut(k + 1);
+        next_gu.fill(0);
+        done_gu.fill(0);
+        next_down.fill(usize::MAX);
+        // The shared expert (slot k) has no gate/up units here: prepared before the run.
+        next_gu[k] = per;
+        done_gu[k] = per;
+        next_down[k] = 0;
+        Schedule {
+            next_gu,
+            done_gu,
+            next_down,
+            k,
+            per,
+            opening: 0,
+            failed: None,
+        }
+    }
+
+    /// The next unit: gate/up of an expert that has landed, else a down block that is open,
+    /// else gate/up of the first expert still being read (the caller blocks on it).
+    fn claim(&mut self, landed: impl Fn(usize) -> bool, per_down: usize) -> Unit {
+        if self.failed.is_some() {
+            return Unit::Done;
+        }
+        let (k, per) = (self.k, self.per);
+        let open = |s: &Self, slot: usize| s.next_gu[slot] < per;
+        let pick = (0..k)
+            .find(|&slot| open(self, slot) && landed(slot))
+            .map(|slot| (slot, true))
+            .or_else(|| {
+                (0..=k)
+                    .find(|&slot| self.next_down[slot] < per_down)
+                    .map(|slot| (slot, false))
+            })
+            .or_else(|| {
+                (0..k)
+                    .find(|&slot| open(self, slot))
+                    .map(|slot| (slot, true))
+            });
+        match pick {
+            Some((slot, true)) => {
+                self.next_gu[slot] += 1;
+                self.opening += 1;
+                Unit::GateUp(slot, self.next_gu[slot] - 1)
+            }
+            Some((slot, false)) => {
+                self.next_down[slot] += 1;
+                Unit::Down(slot, self.next_down[slot] - 1)
+            }
+            None if self.opening > 0 => Unit::Wait,
+            None => Unit::Done,
+        }
+    }
+
+    /// A gate/up block of `slot` is done; true when it was the slot's last, and the caller
+    /// now prepares the slot's activations (still counted as opening work).
+    fn gate_up_done(&mut self, slot: usize) -> bool {
+        self.done_gu[slot] += 1;
+        let last = self.done_gu[slot] == self.per;
+        if !last {
+            self.opening -= 1;
+        }
+        last
+    }
+
+    /// `slot`'s activations are prepared: its down blocks may be claimed.
+    fn prepared(&mut self, slot: usize) {
+        self.next_down[slot] = 0;
+        self.opening -= 1;
+    }
+
+    /// A read failed: every thread stops at its next claim; the first error is kept.
+    fn fail(&mut self, e: Error) {
+        self.failed.get_or_insert(e);
+        self.opening = self.opening.saturating_sub(1);
+    }
 }
 
 #[allow(clippy::too_many_arguments)]

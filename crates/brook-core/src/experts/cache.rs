@@ -447,6 +447,10 @@ impl ExpertData for SlotHandle {
         }
     }
 
+    fn landed(&self) -> bool {
+        self.shared.lock().slots[self.slot].status != Status::Loading
+    }
+
     fn view(&self) -> ExpertView<'_> {
         // Never hand out a buffer an I/O thread may still be writing; callers that skipped
         // `wait` block here (a failed read leaves stale bytes, which `wait` reports).

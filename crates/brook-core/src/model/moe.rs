@@ -28,6 +28,10 @@ pub trait ExpertData: Send + Sync + std::fmt::Debug {
     fn wait(&self) -> Result<()> {
         Ok(())
     }
+    /// Whether [`ExpertData::wait`] would return at once (the read finished, or failed).
+    fn landed(&self) -> bool {
+        true
+    }
     /// The weights. Call [`ExpertData::wait`] first to see read errors.
     fn view(&self) -> ExpertView<'_>;
 }
