@@ -163,29 +163,32 @@ fn expert(c: &mut Criterion) {
 fn matmul(c: &mut Criterion) {
     let level = SimdLevel::detect();
     let mut rng = Rng::new(2);
-    let w = random_linear(
-        &mut rng,
-        2048,
-        2048,
-        Format::Affine {
-            bits: 4,
-            group: 64,
-            float: DType::BF16,
-        },
-    );
-    let t = 512;
-    let x = rng.vec(t * 2048, 1.0);
-    let mut y = vec![0.0; t * 2048];
-    let mut xb = XBatch::new();
+    let q4 = Format::Affine {
+        bits: 4,
+        group: 64,
+        float: DType::BF16,
+    };
+    // A dense projection over a whole chunk, and an expert's gate and down over the ~16
+    // tokens a 512-token chunk routes to each of 256 experts (top-8).
+    let cases = [
+        ("q4g64_2048x2048_T512", 2048, 2048, 512),
+        ("q4g64_expert_gate_512x2048_T16", 512, 2048, 16),
+        ("q4g64_expert_down_2048x512_T16", 2048, 512, 16),
+    ];
     let mut g = c.benchmark_group("matmul");
-    // Reported as weight bytes per second; FLOP/s = 2·T·out·in / time.
-    g.throughput(Throughput::Bytes(nbytes(&w)));
-    for threads in [1, 2] {
-        let pool = CpuPool::new(threads);
-        g.bench_function(
-            format!("q4g64_2048x2048_T512/{}/{threads}t", level.name()),
-            |b| b.iter(|| qmatmul_pool(&pool, level, &w.view(), &x, &mut y, &mut xb)),
-        );
+    for (name, out, inp, t) in cases {
+        let w = random_linear(&mut rng, out, inp, q4);
+        let x = rng.vec(t * inp, 1.0);
+        let mut y = vec![0.0; t * out];
+        let mut xb = XBatch::new();
+        // Reported as multiply-adds per second: T·out·in / time.
+        g.throughput(Throughput::Elements((t * out * inp) as u64));
+        for threads in [1, 2] {
+            let pool = CpuPool::new(threads);
+            g.bench_function(format!("{name}/{}/{threads}t", level.name()), |b| {
+                b.iter(|| qmatmul_pool(&pool, level, &w.view(), &x, &mut y, &mut xb))
+            });
+        }
     }
     g.finish();
 }

@@ -166,6 +166,8 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     cmd.args([
         "--context",
         &a.model.context.to_string(),
+        "--prefill-chunk",
+        &a.model.prefill_chunk.to_string(),
         "--backend",
         &a.model.backend,
     ]);

@@ -65,6 +65,7 @@ pub fn run(a: Args) -> Result<()> {
         memory_budget: Some(a.memory_budget.clone()),
         expert_cache: None,
         context: 4096,
+        prefill_chunk: brook_core::model::open::PREFILL_CHUNK,
         no_prefetch: false,
         backend: "cpu".into(),
         gpu_memory_budget: None,

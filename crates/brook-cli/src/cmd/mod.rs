@@ -70,6 +70,12 @@ pub struct ModelArgs {
     /// Longest sequence (prompt + generation) to size the state for.
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
+    /// Prompt tokens computed together (llama.cpp's --ubatch-size): each streamed expert is
+    /// read once per chunk, and larger chunks run the expert products more efficiently;
+    /// the budget pays for the chunk's scratch (about 330 KB a token for the 35B).
+    #[arg(long, value_name = "N", default_value_t = brook_core::model::open::PREFILL_CHUNK,
+          value_parser = parse_chunk)]
+    pub prefill_chunk: usize,
     /// Do not read the next layer's likeliest experts while its mixer computes (streaming
     /// only; on by default, see docs/BENCH.md "Prefetch").
     #[arg(long)]
@@ -92,6 +98,15 @@ pub struct ModelArgs {
 }
 
 use brook_core::cpu::Precision;
+
+fn parse_chunk(s: &str) -> std::result::Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if (1..=65536).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a chunk size: give a token count from 1 to 65536"
+        )),
+    }
+}
 
 impl ModelArgs {
     /// Library open options from the flags.
@@ -122,6 +137,7 @@ impl ModelArgs {
             threads: self.threads.first().copied(),
             memory_budget: parse(&self.memory_budget)?,
             context: self.context,
+            prefill_chunk: self.prefill_chunk,
             prefetch: !self.no_prefetch,
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,

@@ -108,7 +108,7 @@ impl Model {
                 cfg: c.config,
                 delta_mode: DeltaMode::Auto,
                 prefetch: false,
-                prefill_chunk: 256,
+                prefill_chunk: crate::model::open::PREFILL_CHUNK,
             });
         }
         let ck = Checkpoint::open(dir)?;

@@ -86,7 +86,7 @@ impl Default for OpenOptions {
             memory_budget: None,
             expert_cache: None,
             context: 4096,
-            prefill_chunk: 256,
+            prefill_chunk: PREFILL_CHUNK,
             io_threads: 8,
             prefetch: true,
             backend: Backend::Cpu,
@@ -97,6 +97,12 @@ impl Default for OpenOptions {
         }
     }
 }
+
+/// Prompt tokens per prefill chunk by default. 512 rather than 256: on the 35B each of 256
+/// experts then sees about 16 tokens a chunk instead of 8, and a streamed prompt reads each
+/// expert half as often (docs/BENCH.md, "Prefill chunk"); the scratch costs about 330 KB a
+/// token of budget.
+pub const PREFILL_CHUNK: usize = 512;
 
 /// Bytes of per-sequence state and scratch for `context` tokens and prefill chunks of `chunk`.
 pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
