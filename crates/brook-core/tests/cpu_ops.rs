@@ -198,8 +198,18 @@ fn delta_inputs(rng: &mut Rng, t: usize, nv: usize, dk: usize, dv: usize) -> Inp
 #[test]
 fn delta_rule_step_and_chunked_match_reference() {
     let mut rng = Rng::new(6);
-    let (nv, dk, dv) = (2, 32, 48);
-    for t in [1, 3, 64, 150] {
+    // Odd widths (the chunked form's edge blocks) and the models' own 128 × 128 heads (its
+    // full register blocks).
+    let cases = [
+        (2, 32, 48, 1),
+        (2, 32, 48, 3),
+        (2, 32, 48, 64),
+        (2, 32, 48, 150),
+    ];
+    let cases = cases
+        .into_iter()
+        .chain([(2, 128, 128, 70), (1, 64, 80, 130)]);
+    for (nv, dk, dv, t) in cases {
         let x = delta_inputs(&mut rng, t, nv, dk, dv);
         let s0 = rng.vec(nv * dk * dv, 0.5);
         let inputs = DeltaInputs {
@@ -242,7 +252,7 @@ fn delta_rule_step_and_chunked_match_reference() {
             assert!(rel_l2(&s, &s_ref) < TOL, "{level:?} step T={t} state");
             // All tokens at once with `chunked`, one head at a time.
             let mut s = s0.clone();
-            let mut scratch = vec![0.0; delta::chunked_scratch(dv)];
+            let mut scratch = vec![0.0; delta::chunked_scratch(dk, dv)];
             for h in 0..nv {
                 let rows = HeadRows {
                     q: &x.q,

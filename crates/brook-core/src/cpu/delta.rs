@@ -64,9 +64,9 @@ simd_fn! {
     }
 }
 
-/// Floats of scratch [`chunked`] needs for value width `dv`.
-pub fn chunked_scratch(dv: usize) -> usize {
-    CHUNK * dv + CHUNK
+/// Floats of scratch [`chunked`] needs for key width `dk` and value width `dv`.
+pub fn chunked_scratch(dk: usize, dv: usize) -> usize {
+    CHUNK * dv + CHUNK + dk * CHUNK + 2 * CHUNK * CHUNK
 }
 
 /// Token inputs of one value head for [`chunked`]: row t of each is that token's vector.
@@ -84,18 +84,121 @@ pub struct HeadRows<'a> {
     pub dv: usize,
 }
 
+/// Rows and columns of one register block of [`mm`].
+const MR: usize = 4;
+const NR: usize = 64;
+
+/// C [m, n] = init·C + A B for rows `a(i)` (each at least `kd` long) of A [m, kd] and B
+/// [kd, n] (row stride `ldb`); C has row stride `ldc`; `init` None starts from zero. Blocks
+/// of [`MR`] × [`NR`] accumulate in registers over the whole of `kd`. Always inlined, so it
+/// runs at the SIMD level of the `simd_fn!` body that calls it.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn mm<'x>(
+    c: &mut [f32],
+    ldc: usize,
+    m: usize,
+    a: impl Fn(usize) -> &'x [f32],
+    b: &[f32],
+    ldb: usize,
+    kd: usize,
+    n: usize,
+    init: Option<f32>,
+) {
+    let mut i0 = 0;
+    while i0 < m {
+        let mr = MR.min(m - i0);
+        let rows: [&[f32]; MR] = std::array::from_fn(|r| &a(i0 + r.min(mr - 1))[..kd]);
+        let mut j0 = 0;
+        while j0 < n {
+            let nr = NR.min(n - j0);
+            if mr == MR && nr == NR {
+                let mut acc = [[0.0f32; NR]; MR];
+                if let Some(f) = init {
+                    for (r, accr) in acc.iter_mut().enumerate() {
+                        let cr = &c[(i0 + r) * ldc + j0..][..NR];
+                        for j in 0..NR {
+                            accr[j] = f * cr[j];
+                        }
+                    }
+                }
+                for p in 0..kd {
+                    let br = &b[p * ldb + j0..][..NR];
+                    for r in 0..MR {
+                        let av = rows[r][p];
+                        for j in 0..NR {
+                            acc[r][j] = av.mul_add(br[j], acc[r][j]);
+                        }
+                    }
+                }
+                for (r, accr) in acc.iter().enumerate() {
+                    c[(i0 + r) * ldc + j0..][..NR].copy_from_slice(accr);
+                }
+            } else {
+                for (r, row) in rows.iter().enumerate().take(mr) {
+                    let cr = &mut c[(i0 + r) * ldc + j0..][..nr];
+                    match init {
+                        Some(f) => cr.iter_mut().for_each(|v| *v *= f),
+                        None => cr.fill(0.0),
+                    }
+                    for (p, &av) in row.iter().enumerate() {
+                        plain::axpy(av, &b[p * ldb + j0..][..nr], cr);
+                    }
+                }
+            }
+            j0 += nr;
+        }
+        i0 += mr;
+    }
+}
+
+/// out[d] = finish(d, out[d], Σ_{j < count} w(j)·rows[j][d]) for d < dv (rows of width dv),
+/// the sums kept in registers 2·[`NR`] columns at a time.
+#[inline(always)]
+fn weighted_rows(
+    out: &mut [f32],
+    rows: &[f32],
+    dv: usize,
+    count: usize,
+    w: impl Fn(usize) -> f32,
+    finish: impl Fn(usize, f32, f32) -> f32,
+) {
+    const W: usize = 2 * NR;
+    let mut j0 = 0;
+    while j0 < dv {
+        let nc = W.min(dv - j0);
+        let mut acc = [0.0f32; W];
+        for j in 0..count {
+            let wj = w(j);
+            let r = &rows[j * dv + j0..][..nc];
+            for (a, &x) in acc[..nc].iter_mut().zip(r) {
+                *a = wj.mul_add(x, *a);
+            }
+        }
+        for (jd, o) in out[j0..j0 + nc].iter_mut().enumerate() {
+            *o = finish(j0 + jd, *o, acc[jd]);
+        }
+        j0 += nc;
+    }
+}
+
 simd_fn! {
     /// All `t` tokens of one head, a chunk of [`CHUNK`] at a time (see `delta_rule_chunked`):
     /// the pseudo-values v' solve a unit lower-triangular system within the chunk, outputs
     /// combine the entering state with intra-chunk attention, and S advances once per chunk.
-    /// Writes o [t, dv]; `scratch` holds [`chunked_scratch`] floats.
+    /// The products with the state (S₀ᵀk, S₀ᵀq, the update Σ k v'ᵀ) and the chunk's k·k and
+    /// q·k run as register-blocked matrix products ([`mm`]); the triangular solve and the
+    /// outputs sum rows of v' in registers. Writes o [t, dv]; `scratch` holds
+    /// [`chunked_scratch`] floats.
     pub fn chunked(x: &HeadRows<'_>, t: usize, s: &mut [f32], scratch: &mut [f32], o: &mut [f32]) {
         let (dk, dv) = (x.dk, x.dv);
         let q = |ti: usize| &x.q[ti * x.q_stride..][..dk];
         let k = |ti: usize| &x.k[ti * x.q_stride..][..dk];
         let v = |ti: usize| &x.v[ti * x.v_stride..][..dv];
         let (vp, rest) = scratch.split_at_mut(CHUNK * dv);
-        let gamma = &mut rest[..CHUNK];
+        let (gamma, rest) = rest.split_at_mut(CHUNK);
+        let (kt, rest) = rest.split_at_mut(dk * CHUNK);
+        let dots = &mut rest[..2 * CHUNK * CHUNK];
         for start in (0..t).step_by(CHUNK) {
             let c = CHUNK.min(t - start);
             let oc = &mut o[start * dv..(start + c) * dv];
@@ -104,49 +207,58 @@ simd_fn! {
                 acc += x.g[(start + i) * x.gb_stride];
                 gamma[i] = acc;
             }
-            // S₀ᵀk_i and S₀ᵀq_i for the whole chunk, reading each state row once.
-            vp[..c * dv].fill(0.0);
-            oc.fill(0.0);
-            for a in 0..dk {
-                let row = &s[a * dv..(a + 1) * dv];
-                for i in 0..c {
-                    plain::axpy(k(start + i)[a], row, &mut vp[i * dv..(i + 1) * dv]);
-                    plain::axpy(q(start + i)[a], row, &mut oc[i * dv..(i + 1) * dv]);
+            // Kᵀ [dk, c] of the chunk, then [K; Q] Kᵀ: k_i·k_j in rows 0..c, q_i·k_j after.
+            for j in 0..c {
+                for (a, &kv) in k(start + j).iter().enumerate() {
+                    kt[a * c + j] = kv;
                 }
             }
+            let kq = |i: usize| if i < c { k(start + i) } else { q(start + i - c) };
+            mm(dots, c, 2 * c, kq, kt, c, dk, c, None);
+            // S₀ᵀk_i into v', S₀ᵀq_i into the outputs.
+            mm(vp, dv, c, |i| k(start + i), s, dv, dk, dv, None);
+            mm(oc, dv, c, |i| q(start + i), s, dv, dk, dv, None);
+            // v'_i = β_i (v_i − e^{γ_i} S₀ᵀk_i − Σ_{j<i} (k_i·k_j) e^{γ_i−γ_j} v'_j), in order.
             for i in 0..c {
                 let ti = start + i;
-                let beta = x.beta[ti * x.gb_stride];
-                let decay0 = gamma[i].exp();
+                let (beta, gi) = (x.beta[ti * x.gb_stride], gamma[i]);
+                let decay0 = gi.exp();
                 let (done, cur) = vp.split_at_mut(i * dv);
                 let cur = &mut cur[..dv];
-                for (jd, vpj) in cur.iter_mut().enumerate() {
-                    *vpj = beta * (v(ti)[jd] - decay0 * *vpj);
-                }
-                for j in 0..i {
-                    let a_ij = beta * plain::dot(k(ti), k(start + j)) * (gamma[i] - gamma[j]).exp();
-                    plain::axpy(-a_ij, &done[j * dv..(j + 1) * dv], cur);
-                }
+                let vi = v(ti);
+                let kk = &dots[i * c..];
+                weighted_rows(
+                    cur,
+                    done,
+                    dv,
+                    i,
+                    |j| kk[j] * (gi - gamma[j]).exp(),
+                    |jd, u, sum| beta * (vi[jd] - decay0 * u - sum),
+                );
             }
+            // o_i = e^{γ_i} S₀ᵀq_i + Σ_{j≤i} (q_i·k_j) e^{γ_i−γ_j} v'_j.
             for i in 0..c {
-                let ti = start + i;
+                let gi = gamma[i];
+                let decay = gi.exp();
+                let qk = &dots[(c + i) * c..];
                 let oh = &mut oc[i * dv..(i + 1) * dv];
-                plain::scale(gamma[i].exp(), oh);
-                for j in 0..=i {
-                    let w = plain::dot(q(ti), k(start + j)) * (gamma[i] - gamma[j]).exp();
-                    plain::axpy(w, &vp[j * dv..(j + 1) * dv], oh);
-                }
+                weighted_rows(
+                    oh,
+                    vp,
+                    dv,
+                    i + 1,
+                    |j| qk[j] * (gi - gamma[j]).exp(),
+                    |_, w0, sum| decay * w0 + sum,
+                );
             }
+            // S = e^{γ_last} S + Σ_j e^{γ_last−γ_j} k_j v'_jᵀ, with the weights folded into Kᵀ.
             let last = gamma[c - 1];
-            let decay = last.exp();
             for a in 0..dk {
-                let row = &mut s[a * dv..(a + 1) * dv];
-                plain::scale(decay, row);
                 for j in 0..c {
-                    let w = (last - gamma[j]).exp() * k(start + j)[a];
-                    plain::axpy(w, &vp[j * dv..(j + 1) * dv], row);
+                    kt[a * c + j] *= (last - gamma[j]).exp();
                 }
             }
+            mm(s, dv, dk, |a| &kt[a * c..(a + 1) * c], vp, dv, c, dv, Some(last.exp()));
         }
     }
 }

@@ -62,8 +62,7 @@ impl MixerScratch {
             cfg.head_dim,
         );
         let qw = nq * hd * if cfg.attn_output_gate { 2 } else { 1 };
-        let dper = delta::step_scratch(dv).max(delta::chunked_scratch(dv));
-        let _ = dk;
+        let dper = delta::step_scratch(dv).max(delta::chunked_scratch(dk, dv));
         MixerScratch {
             chunk,
             threads,
