@@ -227,9 +227,57 @@ unsafe fn tile_rt<const R: usize, const T: usize>(
             i += 16;
         }
     }
+    if R == 4 && T == 4 {
+        let mut v = [_mm512_setzero_ps(); 16];
+        for r in 0..R {
+            for b in 0..T {
+                v[r * 4 + b] = a[r][b];
+            }
+        }
+        // SAFETY: features enabled here.
+        let sums = unsafe { reduce16(&v) };
+        let mut flat = [0.0f32; 16];
+        // SAFETY: 16 floats into a local array.
+        unsafe { _mm512_storeu_ps(flat.as_mut_ptr(), sums) };
+        for r in 0..4 {
+            out[r].copy_from_slice(&flat[r * 4..r * 4 + 4]);
+        }
+        return;
+    }
     for r in 0..R {
         for b in 0..T {
             out[r][b] = _mm512_reduce_add_ps(a[r][b]);
         }
     }
+}
+
+/// Lane j of the result = the sum of the 16 lanes of v[j]: four rounds of shuffles and adds
+/// (45 instructions) instead of 16 separate reductions (about 160), which cost a third of a
+/// tile's time on the 512-wide rows of an expert's down projection.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn reduce16(v: &[__m512; 16]) -> __m512 {
+    // Within each 128-bit lane: pairs of elements of v[2i] and v[2i+1] summed.
+    let c: [__m512; 8] = std::array::from_fn(|i| {
+        let (x, y) = (v[2 * i], v[2 * i + 1]);
+        _mm512_add_ps(_mm512_unpacklo_ps(x, y), _mm512_unpackhi_ps(x, y))
+    });
+    // Each 128-bit lane now holds the lane-local sums of v[4i..4i+4], in order.
+    let d: [__m512; 4] = std::array::from_fn(|i| {
+        let (x, y) = (c[2 * i], c[2 * i + 1]);
+        _mm512_add_ps(
+            _mm512_shuffle_ps::<0x44>(x, y),
+            _mm512_shuffle_ps::<0xEE>(x, y),
+        )
+    });
+    // Fold the four 128-bit lanes of each d together, twice.
+    let fold = |x: __m512, y: __m512| {
+        _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b10_00_10_00>(x, y),
+            _mm512_shuffle_f32x4::<0b11_01_11_01>(x, y),
+        )
+    };
+    let e0 = fold(d[0], d[1]);
+    let e1 = fold(d[2], d[3]);
+    fold(e0, e1)
 }
