@@ -460,6 +460,10 @@ impl Engine for CudaModel {
     }
 }
 
+/// Longest prefill chunk the CUDA backend runs: what its kernels were measured and tested with
+/// (docs/CUDA.md); a longer `prefill_chunk` runs as chunks of this size.
+pub const MAX_CHUNK: usize = 256;
+
 /// Options of the CUDA backend from brook's open options.
 ///
 /// `BROOK_CUDA_GRAPHS=0` in the environment turns CUDA graphs off (for profilers that time
@@ -468,7 +472,7 @@ pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
     CudaOptions {
         graphs: std::env::var("BROOK_CUDA_GRAPHS").map_or(true, |v| v != "0"),
         gpu_memory_budget: o.gpu_memory_budget,
-        max_chunk: o.prefill_chunk.max(1),
+        max_chunk: o.prefill_chunk.clamp(1, MAX_CHUNK),
         context: o.context.max(1),
         ..Default::default()
     }

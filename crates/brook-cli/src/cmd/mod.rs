@@ -72,7 +72,8 @@ pub struct ModelArgs {
     pub context: usize,
     /// Prompt tokens computed together (llama.cpp's --ubatch-size): each streamed expert is
     /// read once per chunk, and larger chunks run the expert products more efficiently;
-    /// the budget pays for the chunk's scratch (about 330 KB a token for the 35B).
+    /// the budget pays for the chunk's scratch (about 330 KB a token for the 35B). The CUDA
+    /// backend runs chunks of at most 256.
     #[arg(long, value_name = "N", default_value_t = brook_core::model::open::PREFILL_CHUNK,
           value_parser = parse_chunk)]
     pub prefill_chunk: usize,
