@@ -180,6 +180,42 @@ fn a_layer_file_that_shrinks_or_disappears_gives_an_error_not_a_crash() {
     assert!(e.to_string().contains("deleted"), "{e}");
 }
 
+/// A container's embedding table stays in its file: lookups read the same rows the resident
+/// table holds, a token past the table is an error, and a dense file cut short under a running
+/// model gives an error naming it, not a crash.
+#[test]
+fn the_embedding_table_stays_on_disk_and_reads_the_same_rows() {
+    use brook_core::TensorStore;
+    use brook_core::model::embedding::Embedding;
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    container("qwen35-q4", &c);
+    let m = open(&c, 8);
+    let e = &m.dense.embed_tokens;
+    assert!(matches!(e, Embedding::Rows(_)), "the table should stay on disk");
+    assert!(e.nbytes() * 100 < e.table_bytes(), "{} held", e.nbytes());
+    let resident = Model::open(&fixture("qwen35-q4")).expect("resident");
+    assert!(matches!(resident.dense.embed_tokens, Embedding::Resident(_)));
+    let (v, h) = (m.cfg.vocab_size, m.cfg.hidden_size);
+    let (mut a, mut b) = (vec![0.0; h], vec![0.0; h]);
+    for tok in [0, 1, v / 2, v - 1] {
+        e.row(tok, &mut a).expect("row");
+        resident.dense.embed_tokens.row(tok, &mut b).expect("row");
+        assert_eq!(a, b, "token {tok}");
+    }
+    let err = e.row(v, &mut a).expect_err("past the table");
+    assert!(err.to_string().contains("outside the embedding table"), "{err}");
+    let ct = brook_core::container::Container::open(&c).expect("container");
+    let at = ct.info("model.embed_tokens.weight").expect("tensor").offset;
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(ct.dense_path())
+        .expect("open");
+    f.set_len(at + 16).expect("truncate");
+    let err = e.row(v - 1, &mut a).expect_err("cut short");
+    assert!(err.to_string().contains("dense"), "{err}");
+}
+
 /// The CPU engine's decode with prefetch (the next layer's likeliest experts read during its
 /// mixer) gives the same bits as without, and does read ahead.
 #[test]

@@ -236,7 +236,7 @@ impl DenseGpu {
             gpu,
             keep: Vec::new(),
         };
-        let embed = up.linear(&d.embed_tokens.view(), "embed_tokens")?;
+        let embed = up.linear(&d.embed_tokens.load()?.view(), "embed_tokens")?;
         let head = up.linear(&d.lm_head.view(), "lm_head")?;
         let norm = up.floats(&d.norm, "norm")?;
         let mut layers = Vec::with_capacity(d.layers.len());

@@ -309,7 +309,7 @@ fn run_one(a: &Args) -> Result<Row> {
     };
     let bytes_read_per_token = delta.map_or(0.0, |d| per_tok(d.bytes_read));
     let expert_bytes_one = expert_bytes as f64 / (cfg.num_experts * cfg.num_hidden_layers) as f64;
-    let embed = (model.dense.embed_tokens.nbytes()) as f64;
+    let embed = (model.dense.embed_tokens.table_bytes()) as f64;
     let dense_bytes = dense_bytes(&model) as f64 - embed;
     let touched =
         dense_bytes + (cfg.num_experts_per_tok * cfg.num_hidden_layers) as f64 * expert_bytes_one;
@@ -430,7 +430,7 @@ fn model_sizes(dir: &std::path::Path) -> Result<(u64, u64)> {
 }
 
 fn dense_bytes(m: &brook_core::Model) -> usize {
-    let mut total = m.dense.embed_tokens.nbytes() + m.dense.lm_head.nbytes();
+    let mut total = m.dense.embed_tokens.table_bytes() + m.dense.lm_head.nbytes();
     for l in &m.dense.layers {
         use brook_core::model::weights::Mixer;
         total += match &l.mixer {

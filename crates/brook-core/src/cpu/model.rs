@@ -14,7 +14,7 @@ use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::mixer::{self, MixerScratch};
 use crate::cpu::moe::{self, MoeScratch};
 use crate::cpu::ops::{add, rms_norm_rows};
-use crate::cpu::qmatvec::{check, dequant_row};
+use crate::cpu::qmatvec::check;
 use crate::cpu::{CpuPool, Precision, SimdLevel};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
@@ -105,7 +105,9 @@ impl<'m> CpuModel<'m> {
             return Err(Error::Invalid("max_chunk must be at least 1".into()));
         }
         let d = &model.dense;
-        check(&d.embed_tokens.view())?;
+        if let crate::model::embedding::Embedding::Resident(e) = &d.embed_tokens {
+            check(&e.view())?;
+        }
         check(&d.lm_head.view())?;
         for l in &d.layers {
             let mut mats = vec![l.mlp.gate.view(), l.mlp.shared_expert_gate.view()];
@@ -295,9 +297,8 @@ impl<'m> CpuModel<'m> {
             &mut self.normed[..t * h],
             &mut self.delta[..t * h],
         );
-        let embed = model.dense.embed_tokens.view();
         for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
-            dequant_row(&embed, tok as usize, row);
+            model.dense.embed_tokens.row(tok as usize, row)?;
         }
         if let Some(f) = trace.as_mut() {
             f(Stage::Embed(x));

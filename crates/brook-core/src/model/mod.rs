@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod delta_net;
+pub mod embedding;
 pub mod engine;
 pub mod moe;
 pub mod open;
@@ -194,7 +195,7 @@ impl Model {
         let t = tokens.len();
         let mut x = vec![0.0; t * h];
         for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
-            self.dense.embed_tokens.row(tok as usize, row);
+            self.dense.embed_tokens.row(tok as usize, row)?;
         }
         if let Some(f) = trace.as_mut() {
             f(Stage::Embed(&x));

@@ -159,7 +159,8 @@ impl Model {
         let slots = match (opts.expert_cache, budget) {
             (Some(n), _) => n.clamp(cfg.num_experts_per_tok.min(total), total),
             (None, Some(b)) => {
-                let dense = c.manifest.dense.size + c.manifest.dense.size / 50;
+                let resident = c.manifest.dense.size - c.embedding_on_disk_bytes();
+                let dense = resident + resident / 50;
                 let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);
                 Plan::new(
                     b,
@@ -180,7 +181,7 @@ impl Model {
                 cfg.num_experts_per_tok
             );
         }
-        let dense = Loader::new(&c, &cfg).dense()?;
+        let dense = Loader::new(&c, &cfg).dense_with(Some(&c.dense_path()))?;
         let store = ExpertStore::open(&c)?;
         let experts: Box<dyn crate::model::moe::ExpertSource> = if slots >= total {
             tracing::info!("budget holds every expert: loading all {total} resident");

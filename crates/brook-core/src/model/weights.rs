@@ -74,7 +74,7 @@ pub struct LayerWeights {
 /// Every resident (dense) weight of the model.
 #[derive(Debug, Clone)]
 pub struct DenseWeights {
-    pub embed_tokens: Linear, // [V, H]
+    pub embed_tokens: crate::model::embedding::Embedding, // [V, H]
     pub layers: Vec<LayerWeights>,
     pub norm: Vec<f32>,  // [H]
     pub lm_head: Linear, // [V, H]
@@ -101,13 +101,35 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
 
     /// Loads every dense weight.
     pub fn dense(&self) -> Result<DenseWeights> {
+        self.dense_with(None)
+    }
+
+    /// Like [`Loader::dense`]; with `rows_in = Some(file)` (the file holding the store's
+    /// tensors), the embedding table stays there and is read a row at a time, unless the
+    /// output head shares it.
+    pub fn dense_with(&self, rows_in: Option<&std::path::Path>) -> Result<DenseWeights> {
+        use crate::model::embedding::{Embedding, EmbeddingRows};
         let c = self.cfg;
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let embed_tokens = self.linear("model.embed_tokens", v, h)?;
-        let lm_head = if c.tie_word_embeddings && self.store.info("lm_head.weight").is_none() {
-            embed_tokens.clone()
-        } else {
-            self.linear("lm_head", v, h)?
+        let tied = c.tie_word_embeddings && self.store.info("lm_head.weight").is_none();
+        let (embed_tokens, lm_head) = match rows_in {
+            Some(file) if !tied => {
+                let layout = self.layout("model.embed_tokens", None, v, h)?;
+                let rows = EmbeddingRows::open(file, &layout, v, h)?;
+                (
+                    Embedding::Rows(std::sync::Arc::new(rows)),
+                    self.linear("lm_head", v, h)?,
+                )
+            }
+            _ => {
+                let e = self.linear("model.embed_tokens", v, h)?;
+                let head = if tied {
+                    e.clone()
+                } else {
+                    self.linear("lm_head", v, h)?
+                };
+                (Embedding::Resident(e), head)
+            }
         };
         let layers = (0..c.num_hidden_layers)
             .map(|i| self.layer(i))
@@ -267,19 +289,57 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
         out: usize,
         inp: usize,
     ) -> Result<Vec<Linear>> {
-        let lead: Vec<usize> = expert.map(|(_, n)| vec![n]).unwrap_or_default();
-        let shape = |cols: usize| [lead.as_slice(), &[out, cols]].concat();
-        let wname = format!("{path}.weight");
-        let sname = format!("{path}.scales");
-        let read = |name: &str, info: &crate::safetensors::TensorInfo| -> Result<Vec<u8>> {
+        let read = |info: &TensorInfo| -> Result<Vec<u8>> {
+            let name = &info.0;
             match expert {
                 None => self.store.read(name),
                 Some((e, n)) => {
-                    let per = info.len / n as u64;
+                    let per = info.1.len / n as u64;
                     self.store.read_range(name, e as u64 * per, per)
                 }
             }
         };
+        let lead = expert.map(|(_, n)| n);
+        let weights = match self.layout(path, lead, out, inp)? {
+            Layout::Float { dtype, weight } => Weights::Float {
+                dtype,
+                data: read(&weight)?,
+            },
+            Layout::Affine {
+                spec,
+                float,
+                weight,
+                scales,
+                biases,
+            } => Weights::Affine {
+                spec,
+                float,
+                packed: read(&weight)?,
+                scales: read(&scales)?,
+                biases: read(&biases)?,
+            },
+        };
+        Ok(vec![Linear {
+            out_features: out,
+            in_features: inp,
+            weights,
+        }])
+    }
+
+    /// The format of linear `path` [out, inp] (with `lead = Some(E)`, of a stacked [E, ..]
+    /// one) and where its tensors are, checked against each other and the config; reads
+    /// nothing.
+    pub(crate) fn layout(
+        &self,
+        path: &str,
+        lead: Option<usize>,
+        out: usize,
+        inp: usize,
+    ) -> Result<Layout> {
+        let lead: Vec<usize> = lead.map(|n| vec![n]).unwrap_or_default();
+        let shape = |cols: usize| [lead.as_slice(), &[out, cols]].concat();
+        let wname = format!("{path}.weight");
+        let sname = format!("{path}.scales");
         let winfo = self.store.require(&wname)?;
         if self.store.info(&sname).is_none() {
             if !winfo.dtype.is_float() {
@@ -292,14 +352,10 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
             if winfo.shape != shape(inp) {
                 return Err(shape_err(&wname, &shape(inp), &winfo.shape));
             }
-            return Ok(vec![Linear {
-                out_features: out,
-                in_features: inp,
-                weights: Weights::Float {
-                    dtype: winfo.dtype,
-                    data: read(&wname, winfo)?,
-                },
-            }]);
+            return Ok(Layout::Float {
+                dtype: winfo.dtype,
+                weight: (wname, winfo.clone()),
+            });
         }
         if winfo.dtype != DType::U32 {
             return Err(Error::Dtype {
@@ -331,9 +387,7 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
             });
         }
         let groups = inp / spec.group_size;
-        let mut float = None;
-        let mut sb = Vec::new();
-        for name in [sname, format!("{path}.biases")] {
+        let side = |name: String, float: Option<DType>| -> Result<TensorInfo> {
             let info = self.store.require(&name)?;
             if !info.dtype.is_float() || float.is_some_and(|f| f != info.dtype) {
                 return Err(Error::Dtype {
@@ -342,26 +396,40 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
                     got: info.dtype.to_string(),
                 });
             }
-            float = Some(info.dtype);
             if info.shape != shape(groups) {
                 return Err(shape_err(&name, &shape(groups), &info.shape));
             }
-            sb.push(read(&name, info)?);
-        }
-        let biases = sb.pop().unwrap_or_default();
-        let scales = sb.pop().unwrap_or_default();
-        Ok(vec![Linear {
-            out_features: out,
-            in_features: inp,
-            weights: Weights::Affine {
-                spec,
-                float: float.unwrap_or(DType::F32),
-                packed: read(&wname, winfo)?,
-                scales,
-                biases,
-            },
-        }])
+            Ok((name, info.clone()))
+        };
+        let scales = side(sname, None)?;
+        let float = scales.1.dtype;
+        let biases = side(format!("{path}.biases"), Some(float))?;
+        Ok(Layout::Affine {
+            spec,
+            float,
+            weight: (wname, winfo.clone()),
+            scales,
+            biases,
+        })
     }
+}
+
+/// A tensor's name and location.
+pub(crate) type TensorInfo = (String, crate::safetensors::TensorInfo);
+
+/// How a linear is stored, from [`Loader::layout`].
+pub(crate) enum Layout {
+    Float {
+        dtype: DType,
+        weight: TensorInfo,
+    },
+    Affine {
+        spec: crate::config::QuantSpec,
+        float: DType,
+        weight: TensorInfo,
+        scales: TensorInfo,
+        biases: TensorInfo,
+    },
 }
 
 fn shape_err(name: &str, expected: &[usize], got: &[usize]) -> Error {
