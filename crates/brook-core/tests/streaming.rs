@@ -192,10 +192,16 @@ fn the_embedding_table_stays_on_disk_and_reads_the_same_rows() {
     container("qwen35-q4", &c);
     let m = open(&c, 8);
     let e = &m.dense.embed_tokens;
-    assert!(matches!(e, Embedding::Rows(_)), "the table should stay on disk");
+    assert!(
+        matches!(e, Embedding::Rows(_)),
+        "the table should stay on disk"
+    );
     assert!(e.nbytes() * 100 < e.table_bytes(), "{} held", e.nbytes());
     let resident = Model::open(&fixture("qwen35-q4")).expect("resident");
-    assert!(matches!(resident.dense.embed_tokens, Embedding::Resident(_)));
+    assert!(matches!(
+        resident.dense.embed_tokens,
+        Embedding::Resident(_)
+    ));
     let (v, h) = (m.cfg.vocab_size, m.cfg.hidden_size);
     let (mut a, mut b) = (vec![0.0; h], vec![0.0; h]);
     for tok in [0, 1, v / 2, v - 1] {
@@ -203,8 +209,16 @@ fn the_embedding_table_stays_on_disk_and_reads_the_same_rows() {
         resident.dense.embed_tokens.row(tok, &mut b).expect("row");
         assert_eq!(a, b, "token {tok}");
     }
+    // The whole table read back (what a GPU uploads) is the resident one, byte for byte.
+    let (Embedding::Resident(want), Ok(got)) = (&resident.dense.embed_tokens, e.load()) else {
+        panic!("a resident table and a loaded one")
+    };
+    assert_eq!(format!("{:?}", got.weights), format!("{:?}", want.weights));
     let err = e.row(v, &mut a).expect_err("past the table");
-    assert!(err.to_string().contains("outside the embedding table"), "{err}");
+    assert!(
+        err.to_string().contains("outside the embedding table"),
+        "{err}"
+    );
     let ct = brook_core::container::Container::open(&c).expect("container");
     let at = ct.info("model.embed_tokens.weight").expect("tensor").offset;
     let f = std::fs::OpenOptions::new()
