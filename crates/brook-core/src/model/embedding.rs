@@ -108,24 +108,19 @@ impl EmbeddingRows {
     /// The table of `layout` [out, inp], whose tensors lie in the file at `path`.
     pub(crate) fn open(path: &Path, layout: &Layout, out: usize, inp: usize) -> Result<Self> {
         let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let per_row =
-            |info: &crate::safetensors::TensorInfo| (info.offset, info.len as usize / out.max(1));
-        let (format, parts) = match layout {
-            Layout::Float { dtype, weight } => (RowFormat::Float(*dtype), vec![per_row(&weight.1)]),
-            Layout::Affine {
-                spec,
-                float,
-                weight,
-                scales,
-                biases,
-            } => (
-                RowFormat::Affine {
-                    spec: *spec,
-                    float: *float,
-                },
-                vec![per_row(&weight.1), per_row(&scales.1), per_row(&biases.1)],
-            ),
+        let format = match layout {
+            Layout::Float { dtype, .. } => RowFormat::Float(*dtype),
+            Layout::Affine { spec, float, .. } => RowFormat::Affine {
+                spec: *spec,
+                float: *float,
+            },
         };
+        // (absolute offset, bytes per row) of each tensor.
+        let parts: Vec<(u64, usize)> = layout
+            .tensors()
+            .iter()
+            .map(|t| (t.1.offset, t.1.len as usize / out.max(1)))
+            .collect();
         let rows = EmbeddingRows {
             path: path.to_path_buf(),
             file,

@@ -418,6 +418,7 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
 pub(crate) type TensorInfo = (String, crate::safetensors::TensorInfo);
 
 /// How a linear is stored, from [`Loader::layout`].
+#[derive(Debug)]
 pub(crate) enum Layout {
     Float {
         dtype: DType,
@@ -430,6 +431,21 @@ pub(crate) enum Layout {
         scales: TensorInfo,
         biases: TensorInfo,
     },
+}
+
+impl Layout {
+    /// Its tensors: the weights, then the scales and biases when quantized.
+    pub(crate) fn tensors(&self) -> Vec<&TensorInfo> {
+        match self {
+            Layout::Float { weight, .. } => vec![weight],
+            Layout::Affine {
+                weight,
+                scales,
+                biases,
+                ..
+            } => vec![weight, scales, biases],
+        }
+    }
 }
 
 fn shape_err(name: &str, expected: &[usize], got: &[usize]) -> Error {
