@@ -217,21 +217,6 @@ impl Container {
         self.dir.join(&self.manifest.dense.file)
     }
 
-    /// Bytes of the token embedding table when it can stay on disk (not shared with the
-    /// output head), else 0: what [`crate::model::weights::Loader::dense_with`] leaves out of
-    /// memory.
-    pub fn embedding_on_disk_bytes(&self) -> u64 {
-        let c = &self.config;
-        if c.tie_word_embeddings && self.info("lm_head.weight").is_none() {
-            return 0;
-        }
-        ["weight", "scales", "biases"]
-            .iter()
-            .filter_map(|p| self.info(&format!("model.embed_tokens.{p}")))
-            .map(|i| i.len)
-            .sum()
-    }
-
     /// Reads expert `e` of `layer` into a new buffer (buffered I/O; the streaming store uses
     /// its own direct reads).
     pub fn read_expert(&self, layer: usize, e: usize) -> Result<ExpertBlob> {

@@ -303,20 +303,15 @@ impl<'m> CpuModel<'m> {
         if let Some(f) = trace.as_mut() {
             f(Stage::Embed(x));
         }
-        // Layer 0's likely experts, guessed from the embedding, read while its mixer computes
-        // (the other layers' guesses are made after the layer before them).
-        if let Some(first) = model
-            .dense
-            .layers
-            .first()
-            .filter(|_| model.prefetch && t == 1)
-        {
-            rms_norm_rows(level, x, &first.post_attention_layernorm, eps, normed);
-            let experts = model.experts.as_ref();
-            moe::prefetch_next(&ex, &first.mlp, cfg, experts, 0, normed, &mut self.moe)?;
-        }
         let pos0 = state.pos;
         for (i, (layer, ls)) in model.dense.layers.iter().zip(&mut state.layers).enumerate() {
+            // The layer's likely experts, guessed from the stream entering it (the embedding
+            // for layer 0), read while its mixer computes.
+            if model.prefetch && t == 1 {
+                rms_norm_rows(level, x, &layer.post_attention_layernorm, eps, normed);
+                let experts = model.experts.as_ref();
+                moe::prefetch_next(&ex, &layer.mlp, cfg, experts, i, normed, &mut self.moe)?;
+            }
             rms_norm_rows(level, x, &layer.input_layernorm, eps, normed);
             match (&layer.mixer, ls) {
                 (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => mixer::delta_net(
@@ -367,16 +362,6 @@ impl<'m> CpuModel<'m> {
                     .collect();
                 f(Stage::Routes(i, &routes));
                 f(Stage::Layer(i, x));
-            }
-            if let Some(next) = model
-                .dense
-                .layers
-                .get(i + 1)
-                .filter(|_| model.prefetch && t == 1)
-            {
-                rms_norm_rows(level, x, &next.post_attention_layernorm, eps, normed);
-                let experts = model.experts.as_ref();
-                moe::prefetch_next(&ex, &next.mlp, cfg, experts, i + 1, normed, &mut self.moe)?;
             }
         }
         state.pos += t;

@@ -132,8 +132,9 @@ pub fn forward(
     }
 }
 
-/// `--prefetch` for one token: `normed` is the residual stream leaving a layer, normed with
-/// the next layer's norm; routes it with that layer's router (its mixer has not run yet) and
+/// `--prefetch` for one token: `normed` is the residual stream entering `layer` (the embedding
+/// for layer 0), normed with its MoE norm; routes it with its router (its mixer has not run
+/// yet) and
 /// hands the likeliest [`PREFETCH_GUESSES`] experts to the expert source to read while the
 /// mixer computes. Uses the router scratch, which the next MoE overwrites.
 pub fn prefetch_next(

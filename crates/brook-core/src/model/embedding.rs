@@ -132,7 +132,7 @@ impl EmbeddingRows {
         };
         // The kernels must take this format (checked once, on a row's worth of bytes).
         let buf = vec![0u8; rows.row_bytes()];
-        check(&rows.view(&buf, 1))?;
+        check(&rows.view(&buf))?;
         Ok(rows)
     }
 
@@ -141,12 +141,12 @@ impl EmbeddingRows {
         self.parts.iter().map(|p| p.1).sum()
     }
 
-    /// `rows` rows laid out part after part in `buf`, as a matrix.
-    fn view<'a>(&self, buf: &'a [u8], rows: usize) -> LinearRef<'a> {
+    /// One row laid out part after part in `buf`, as a one-row matrix.
+    fn view<'a>(&self, buf: &'a [u8]) -> LinearRef<'a> {
         let mat = match self.format {
             RowFormat::Float(dtype) => MatRef::Float { dtype, data: buf },
             RowFormat::Affine { spec, float } => {
-                let (w, s) = (self.parts[0].1 * rows, self.parts[1].1 * rows);
+                let (w, s) = (self.parts[0].1, self.parts[1].1);
                 MatRef::Affine {
                     spec,
                     float,
@@ -157,7 +157,7 @@ impl EmbeddingRows {
             }
         };
         LinearRef {
-            out_features: rows,
+            out_features: 1,
             in_features: self.inp,
             mat,
         }
@@ -186,7 +186,7 @@ impl EmbeddingRows {
             self.read_at(&mut buf[at..at + len], offset + (r * len) as u64)?;
             at += len;
         }
-        dequant_row(&self.view(&buf, 1), 0, out);
+        dequant_row(&self.view(&buf), 0, out);
         Ok(())
     }
 

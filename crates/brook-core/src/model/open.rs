@@ -159,7 +159,8 @@ impl Model {
         let slots = match (opts.expert_cache, budget) {
             (Some(n), _) => n.clamp(cfg.num_experts_per_tok.min(total), total),
             (None, Some(b)) => {
-                let resident = c.manifest.dense.size - c.embedding_on_disk_bytes();
+                let on_disk = Loader::new(&c, &cfg).embedding_on_disk_bytes()?;
+                let resident = c.manifest.dense.size.saturating_sub(on_disk);
                 let dense = resident + resident / 50;
                 let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);
                 Plan::new(

@@ -104,6 +104,22 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
         self.dense_with(None)
     }
 
+    /// Whether the output head is the embedding table (tied, with no `lm_head` of its own).
+    fn tied(&self) -> bool {
+        self.cfg.tie_word_embeddings && self.store.info("lm_head.weight").is_none()
+    }
+
+    /// Bytes of the embedding table that [`Loader::dense_with`] leaves in its file: the whole
+    /// table, or 0 when the output head shares it.
+    pub fn embedding_on_disk_bytes(&self) -> Result<u64> {
+        if self.tied() {
+            return Ok(0);
+        }
+        let (h, v) = (self.cfg.hidden_size, self.cfg.vocab_size);
+        let layout = self.layout("model.embed_tokens", None, v, h)?;
+        Ok(layout.tensors().iter().map(|t| t.1.len).sum())
+    }
+
     /// Like [`Loader::dense`]; with `rows_in = Some(file)` (the file holding the store's
     /// tensors), the embedding table stays there and is read a row at a time, unless the
     /// output head shares it.
@@ -111,7 +127,7 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
         use crate::model::embedding::{Embedding, EmbeddingRows};
         let c = self.cfg;
         let (h, v) = (c.hidden_size, c.vocab_size);
-        let tied = c.tie_word_embeddings && self.store.info("lm_head.weight").is_none();
+        let tied = self.tied();
         let (embed_tokens, lm_head) = match rows_in {
             Some(file) if !tied => {
                 let layout = self.layout("model.embed_tokens", None, v, h)?;
