@@ -10,7 +10,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
+use super::qmatvec::{Affine, SEG_GROUPS, XPrep};
 use crate::dtype::DType;
 
 /// Loads 16 weights of `dtype` starting at element `i` of `p`, widened to f32.
@@ -116,10 +116,12 @@ pub(super) unsafe fn float_rows(dtype: DType, data: &[u8], x: &[f32], y: &mut [f
     }
 }
 
-/// Weight bytes the prefetches run ahead of the kernel. In rows this was a fixed 8: 8 KiB
-/// ahead for a 2048-wide 4-bit row but only 2 KiB for an expert's 512-wide down projection,
-/// whose 64-row units then ran mostly on demand misses.
-const AHEAD_BYTES: usize = 8 << 10;
+/// Weight bytes the prefetches run ahead of the kernel, into L1 (T0). In rows this was a
+/// fixed 8: 8 KiB ahead for a 2048-wide 4-bit row but only 2 KiB for an expert's 512-wide
+/// down projection, whose 64-row units then ran mostly on demand misses. Once rows came in
+/// long runs (guided chunks), 4 KiB into L1 beat 8 KiB into L2 on the head matvec (2 threads,
+/// f32: 20-21 against 17-18.5 GiB/s; 2, 3 and 6 KiB and NTA hints fell between).
+const AHEAD_BYTES: usize = 4 << 10;
 
 /// Rows of `a` that make up [`AHEAD_BYTES`].
 #[inline(always)]
@@ -139,12 +141,12 @@ pub(super) fn prefetch_row(a: &Affine<'_>, r: usize, end: usize) {
     let (p, s, b) = a.row(r + ah);
     for line in (0..p.len()).step_by(64) {
         // SAFETY: prefetching has no memory effects; the address is inside `p`.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.as_ptr().add(line) as *const i8) };
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.as_ptr().add(line) as *const i8) };
     }
     for q in [s, b] {
         for line in (0..q.len()).step_by(64) {
             // SAFETY: as above.
-            unsafe { _mm_prefetch::<_MM_HINT_T1>(q.as_ptr().add(line) as *const i8) };
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(q.as_ptr().add(line) as *const i8) };
         }
     }
 }
@@ -159,7 +161,7 @@ pub(super) fn warm_rows(a: &Affine<'_>, start: usize, end: usize) {
         for q in [p, s, b] {
             for line in (0..q.len()).step_by(64) {
                 // SAFETY: prefetching has no memory effects; the address is inside `q`.
-                unsafe { _mm_prefetch::<_MM_HINT_T1>(q.as_ptr().add(line) as *const i8) };
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(q.as_ptr().add(line) as *const i8) };
             }
         }
     }
@@ -182,19 +184,76 @@ pub(super) unsafe fn scale_at(dtype: DType, p: *const u8, gi: usize) -> f32 {
     }
 }
 
-/// Σ_i s_{g(i)} q_i x_i over n 4-bit elements, per lane. `s` holds the segment's scales as
-/// f32 (plus [`SCALE_PAD`] readable floats), `xl` x in 16-lane nibble order.
+/// Groups of a row whose scales a 4-bit kernel holds in two registers ([`seg_scales`]); a
+/// longer row is done in segments of this many groups.
+pub(super) const REG_GROUPS: usize = 32;
+
+/// The widened scales of `ng` (1..=[`REG_GROUPS`]) groups at `s` as two vectors (groups 0-15,
+/// 16-31; those past `ng` are zero). The kernels pick each block's scales out of them with
+/// [`BlockScales`]: widening them into a buffer and loading each block's 16 lanes back from
+/// it at an 8-byte offset defeated store-to-load forwarding, a stall in every block, which
+/// held the 4-bit kernels to about half the memory bandwidth.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-unsafe fn q4_seg(
-    p: *const u8,
-    n: usize,
-    s: *const f32,
-    xl: *const f32,
-    g: usize,
+pub(super) unsafe fn seg_scales(dtype: DType, s: *const u8, ng: usize) -> (__m512, __m512) {
+    // SAFETY: the caller guarantees `ng` scales of `dtype` at `s`.
+    unsafe {
+        let lo = if ng >= 16 {
+            load16(dtype, s, 0)
+        } else {
+            load_tail(dtype, s, 0, ng)
+        };
+        let hi = match ng {
+            32.. => load16(dtype, s, 16),
+            17..=31 => load_tail(dtype, s, 16, ng - 16),
+            _ => _mm512_setzero_ps(),
+        };
+        (lo, hi)
+    }
+}
+
+/// Each 128-element block's per-lane scales out of [`seg_scales`]' two registers: lane j of
+/// block b holds word j (8 elements) of the block, whose group is b·128/g + j/(g/8).
+#[derive(Clone, Copy)]
+pub(super) struct BlockScales {
+    lo: __m512,
+    hi: __m512,
     idx: __m512i,
-) -> __m512 {
-    // SAFETY: p holds n/2 bytes, xl n rounded up to 128 floats, s n/g + 16 floats.
+    step: __m512i,
+}
+
+impl BlockScales {
+    /// For group size `g` (32, 64 or 128) and a segment's scales.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    pub(super) unsafe fn new(g: usize, (lo, hi): (__m512, __m512)) -> Self {
+        // SAFETY: features enabled here.
+        unsafe {
+            BlockScales {
+                lo,
+                hi,
+                idx: _mm512_div_lanes((g / 8) as i32),
+                step: _mm512_set1_epi32((128 / g) as i32),
+            }
+        }
+    }
+
+    /// The next block's scales.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    pub(super) unsafe fn next(&mut self) -> __m512 {
+        let v = _mm512_permutex2var_ps(self.lo, self.idx, self.hi);
+        self.idx = _mm512_add_epi32(self.idx, self.step);
+        v
+    }
+}
+
+/// Σ_i s_{g(i)} q_i x_i over n 4-bit elements (at most [`REG_GROUPS`] groups), per lane; `xl`
+/// is x in 16-lane nibble order.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn q4_seg(p: *const u8, n: usize, mut sc: BlockScales, xl: *const f32) -> __m512 {
+    // SAFETY: p holds n/2 bytes, xl n rounded up to 128 floats.
     unsafe {
         let lut = _mm512_setr_ps(
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
@@ -230,11 +289,7 @@ unsafe fn q4_seg(
             step!(a1, 5);
             step!(a0, 6);
             step!(a1, 7);
-            let sv = _mm512_permutexvar_ps(
-                idx,
-                _mm512_loadu_ps(s.add((blk * 128) >> g.trailing_zeros())),
-            );
-            tot = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), sv, tot);
+            tot = _mm512_fmadd_ps(_mm512_add_ps(a0, a1), sc.next(), tot);
             blk += 1;
         }
         tot
@@ -345,34 +400,37 @@ unsafe fn qgen_seg(
 /// Affine rows `rows` of y = W x (see [`super::qmatvec::matvec_rows`]).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows: Range<usize>) {
-    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
     let (g, fs, bits) = (a.group, a.float.size(), a.bits as usize);
     let (x, lanes, sums) = (xp.x(), xp.lanes(), xp.sums(g));
-    // Lane j holds word j, 8 elements; a group spans g/8 words. SAFETY: features enabled here.
-    let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
     let end = rows.end;
     warm_rows(a, rows.start, end);
+    let limit = a.rows();
     for (yr, r) in y.iter_mut().zip(rows) {
-        prefetch_row(a, r, end);
+        prefetch_row(a, r, limit);
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized x, lanes and sums for a.n.
         unsafe {
             let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
-                let ng = SEG_GROUPS.min(a.groups() - g0);
-                let (e0, ne) = (g0 * g, ng * g);
-                let pp = p.as_ptr().add(e0 * bits / 8);
-                let sp = s.as_ptr().add(g0 * fs);
-                let part = match bits {
-                    4 => {
-                        widen(a.float, sp, &mut sbuf[..ng]);
-                        sbuf[ng..ng + SCALE_PAD].fill(0.0);
-                        q4_seg(pp, ne, sbuf.as_ptr(), lanes.as_ptr().add(e0), g, idx)
-                    }
-                    8 => q8_seg(pp, ne, a.float, sp, x.as_ptr().add(e0), g),
-                    _ => qgen_seg(pp, ne, bits, a.float, sp, x.as_ptr().add(e0), g),
-                };
-                tot = _mm512_add_ps(tot, part);
+            if bits == 4 {
+                for g0 in (0..a.groups()).step_by(REG_GROUPS) {
+                    let ng = REG_GROUPS.min(a.groups() - g0);
+                    let e0 = g0 * g;
+                    let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng));
+                    let pp = p.as_ptr().add(e0 / 2);
+                    tot = _mm512_add_ps(tot, q4_seg(pp, ng * g, sc, lanes.as_ptr().add(e0)));
+                }
+            } else {
+                for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
+                    let ng = SEG_GROUPS.min(a.groups() - g0);
+                    let (e0, ne) = (g0 * g, ng * g);
+                    let pp = p.as_ptr().add(e0 * bits / 8);
+                    let sp = s.as_ptr().add(g0 * fs);
+                    let part = match bits {
+                        8 => q8_seg(pp, ne, a.float, sp, x.as_ptr().add(e0), g),
+                        _ => qgen_seg(pp, ne, bits, a.float, sp, x.as_ptr().add(e0), g),
+                    };
+                    tot = _mm512_add_ps(tot, part);
+                }
             }
             *yr = _mm512_reduce_add_ps(tot);
         }

@@ -10,8 +10,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{_mm512_div_lanes, affine_rows, dot_w_vec, prefetch_row, warm_rows, widen};
-use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
+use super::avx512::{
+    BlockScales, REG_GROUPS, affine_rows, dot_w_vec, prefetch_row, seg_scales, warm_rows,
+};
+use super::qmatvec::{Affine, XPrep};
 
 /// Int8 activations of 32 elements: d = max|x| / 127, X = round(x / d) ∈ [−127, 127]. The even
 /// elements go to `out[0..16]`, the odd ones to `out[64..80]`; byte t of 4j.. is element
@@ -64,35 +66,30 @@ pub(super) unsafe fn affine_rows_q8(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], r
     }
     let (g, fs) = (a.group, a.float.size());
     let sums = xp.sums(g);
-    // SAFETY: the level's features are enabled in this function.
-    let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
     let (start, end) = (rows.start, rows.end);
     warm_rows(a, start, end);
+    let limit = a.rows();
     // One row at a time: four rows sharing each block's activations (as Split24 does) ran
     // the 35B decode at 8.9-9.7 tok/s against 10.2-10.6 one row at a time, and the head
     // matvec at 15.8-17.6 against 19.1-21.1 GiB/s (2 threads, back to back, read 28-29 GiB/s):
     // streaming rows from DRAM, four interleaved 1 KiB streams defeat the prefetchers, and
     // the int8 activations are only two loads per block.
-    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
     for (yr, r) in y.iter_mut().zip(start..end) {
-        prefetch_row(a, r, end);
+        prefetch_row(a, r, limit);
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized qx, lane_d and sums for a.n.
         unsafe {
             let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
-                let ng = SEG_GROUPS.min(a.groups() - g0);
+            for g0 in (0..a.groups()).step_by(REG_GROUPS) {
+                let ng = REG_GROUPS.min(a.groups() - g0);
                 let e0 = g0 * g;
-                widen(a.float, s.as_ptr().add(g0 * fs), &mut sbuf[..ng]);
-                sbuf[ng..ng + SCALE_PAD].fill(0.0);
+                let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng));
                 let part = q4_q8_row(
                     p.as_ptr().add(e0 / 2),
                     ng * g,
-                    sbuf.as_ptr(),
+                    sc,
                     qx.as_ptr().add(e0),
                     lane_d.as_ptr().add(e0 / 8),
-                    g,
-                    idx,
                 );
                 tot = _mm512_add_ps(tot, part);
             }
@@ -110,18 +107,15 @@ pub(super) unsafe fn affine_rows_q8(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], r
 unsafe fn q4_q8_row(
     p: *const u8,
     n: usize,
-    s: *const f32,
+    mut sc: BlockScales,
     qx: *const i8,
     lane_d: *const f32,
-    g: usize,
-    idx: __m512i,
 ) -> __m512 {
-    // SAFETY: p holds n/2 bytes, s n/g + 16 floats; qx 128 bytes and lane_d 16 floats per
-    // 128-element block (rounded up).
+    // SAFETY: p holds n/2 bytes (at most REG_GROUPS groups); qx 128 bytes and lane_d 16 floats
+    // per 128-element block (rounded up).
     unsafe {
         let nib = _mm512_set1_epi8(0x0F);
         let z = _mm512_setzero_si512();
-        let gs = g.trailing_zeros();
         let nw = n / 8;
         let mut tot = _mm512_setzero_ps();
         let mut blk = 0;
@@ -141,12 +135,11 @@ unsafe fn q4_q8_row(
             let lo = _mm512_and_si512(w, nib);
             let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
             let acc = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, ev), hi, od);
-            let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s.add((blk * 128) >> gs)));
             let f = _mm512_mul_ps(
                 _mm512_cvtepi32_ps(acc),
                 _mm512_loadu_ps(lane_d.add(blk * 16)),
             );
-            tot = _mm512_fmadd_ps(f, sv, tot);
+            tot = _mm512_fmadd_ps(f, sc.next(), tot);
             blk += 1;
         }
         tot

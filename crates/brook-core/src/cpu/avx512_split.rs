@@ -9,8 +9,11 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{_mm512_div_lanes, affine_rows, dot_w_vec, prefetch_row, warm_rows, widen};
-use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
+use super::avx512::{
+    _mm512_div_lanes, BlockScales, REG_GROUPS, affine_rows, dot_w_vec, prefetch_row, seg_scales,
+    warm_rows,
+};
+use super::qmatvec::{Affine, XPrep};
 /// Like [`q4_seg`] with Split24 activations (see [`super::qmatvec::Precision::Split24`]):
 /// per block, Σ q·X in i32 from three digit sums (6 `vpdpbusd`), then ·2^-k·s.
 /// Bound: per lane and digit two dot products of 4 terms, |q·d| ≤ 15·128, so
@@ -20,14 +23,12 @@ use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep};
 unsafe fn q4_split_seg(
     p: *const u8,
     n: usize,
-    s: *const f32,
+    mut sc: BlockScales,
     digits: *const i8,
     lane_inv: *const f32,
-    g: usize,
-    idx: __m512i,
 ) -> __m512 {
-    // SAFETY: p holds n/2 bytes; digits 384 bytes and lane_inv 16 floats per 128-element block
-    // (rounded up); s n/g + 16 floats.
+    // SAFETY: p holds n/2 bytes (at most REG_GROUPS groups); digits 384 bytes and lane_inv 16
+    // floats per 128-element block (rounded up).
     unsafe {
         let nib = _mm512_set1_epi8(0x0F);
         let nw = n / 8;
@@ -57,11 +58,7 @@ unsafe fn q4_split_seg(
                 _mm512_cvtepi32_ps(acc),
                 _mm512_loadu_ps(lane_inv.add(blk * 16)),
             );
-            let sv = _mm512_permutexvar_ps(
-                idx,
-                _mm512_loadu_ps(s.add((blk * 128) >> g.trailing_zeros())),
-            );
-            tot = _mm512_fmadd_ps(f, sv, tot);
+            tot = _mm512_fmadd_ps(f, sc.next(), tot);
             blk += 1;
         }
         tot
@@ -86,54 +83,61 @@ pub(super) unsafe fn affine_rows_split(
     }
     let (g, fs) = (a.group, a.float.size());
     let sums = xp.sums(g);
-    // SAFETY: the level's features are enabled in this function.
-    let idx = unsafe { _mm512_div_lanes((g / 8) as i32) };
     let (start, end) = (rows.start, rows.end);
     warm_rows(a, start, end);
+    let limit = a.rows();
     let mut r = start;
-    if a.groups() <= QUAD_GROUPS {
-        let mut sb = [[0.0f32; QUAD_GROUPS + SCALE_PAD]; 4];
-        while r + 4 <= end {
-            for i in 0..4 {
-                prefetch_row(a, r + i, end);
-            }
-            // SAFETY: `check` sized the rows' bytes; XPrep sized digits, lane_inv and sums.
-            unsafe {
-                let rows4: [(&[u8], &[u8], &[u8]); 4] = std::array::from_fn(|i| a.row(r + i));
-                for (i, (_, sc, _)) in rows4.iter().enumerate() {
-                    widen(a.float, sc.as_ptr(), &mut sb[i][..a.groups()]);
-                }
-                let p4 = std::array::from_fn(|i| rows4[i].0.as_ptr());
-                let s4 = std::array::from_fn(|i| sb[i].as_ptr());
-                let tot = q4_split_rows4(p4, a.n, s4, digits.as_ptr(), lane_inv.as_ptr(), g, idx);
-                for i in 0..4 {
-                    let bias = dot_w_vec(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups());
-                    y[r - start + i] = _mm512_reduce_add_ps(_mm512_add_ps(bias, tot[i]));
-                }
-            }
-            r += 4;
+    while r + 4 <= end {
+        for i in 0..4 {
+            prefetch_row(a, r + i, limit);
         }
+        // SAFETY: `check` sized the rows' bytes; XPrep sized digits, lane_inv and sums.
+        unsafe {
+            let rows4: [(&[u8], &[u8], &[u8]); 4] = std::array::from_fn(|i| a.row(r + i));
+            let mut tot: [__m512; 4] = std::array::from_fn(|i| {
+                dot_w_vec(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups())
+            });
+            for g0 in (0..a.groups()).step_by(REG_GROUPS) {
+                let ng = REG_GROUPS.min(a.groups() - g0);
+                let e0 = g0 * g;
+                let p4 = std::array::from_fn(|i| rows4[i].0.as_ptr().add(e0 / 2));
+                let s4 = std::array::from_fn(|i| {
+                    seg_scales(a.float, rows4[i].1.as_ptr().add(g0 * fs), ng)
+                });
+                let part = q4_split_rows4(
+                    p4,
+                    ng * g,
+                    s4,
+                    g,
+                    digits.as_ptr().add(e0 / 128 * 384),
+                    lane_inv.as_ptr().add(e0 / 8),
+                );
+                for i in 0..4 {
+                    tot[i] = _mm512_add_ps(tot[i], part[i]);
+                }
+            }
+            for i in 0..4 {
+                y[r - start + i] = _mm512_reduce_add_ps(tot[i]);
+            }
+        }
+        r += 4;
     }
-    let mut sbuf = [0.0f32; SEG_GROUPS + SCALE_PAD];
     for (yr, r) in y[r - start..].iter_mut().zip(r..end) {
-        prefetch_row(a, r, end);
+        prefetch_row(a, r, limit);
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized digits, lane_inv and sums for a.n.
         unsafe {
             let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
-                let ng = SEG_GROUPS.min(a.groups() - g0);
+            for g0 in (0..a.groups()).step_by(REG_GROUPS) {
+                let ng = REG_GROUPS.min(a.groups() - g0);
                 let e0 = g0 * g;
-                widen(a.float, s.as_ptr().add(g0 * fs), &mut sbuf[..ng]);
-                sbuf[ng..ng + SCALE_PAD].fill(0.0);
+                let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng));
                 let part = q4_split_seg(
                     p.as_ptr().add(e0 / 2),
                     ng * g,
-                    sbuf.as_ptr(),
+                    sc,
                     digits.as_ptr().add(e0 / 128 * 384),
                     lane_inv.as_ptr().add(e0 / 8),
-                    g,
-                    idx,
                 );
                 tot = _mm512_add_ps(tot, part);
             }
@@ -141,9 +145,6 @@ pub(super) unsafe fn affine_rows_split(
         }
     }
 }
-
-/// Groups per row up to which four rows are done at once (their scales widened side by side).
-const QUAD_GROUPS: usize = 256;
 
 /// Four rows of [`q4_split_seg`] sharing each block's activation digits: the digits are
 /// loaded once for four rows, which took the kernel off the load ports (one row at a time it
@@ -153,18 +154,19 @@ const QUAD_GROUPS: usize = 256;
 unsafe fn q4_split_rows4(
     p: [*const u8; 4],
     n: usize,
-    s: [*const f32; 4],
+    s: [(__m512, __m512); 4],
+    g: usize,
     digits: *const i8,
     lane_inv: *const f32,
-    g: usize,
-    idx: __m512i,
 ) -> [__m512; 4] {
-    // SAFETY: each p[i] holds n/2 bytes, each s[i] n/g + 16 floats; digits 384 bytes and
+    // SAFETY: each p[i] holds n/2 bytes (at most REG_GROUPS groups); digits 384 bytes and
     // lane_inv 16 floats per 128-element block (rounded up).
     unsafe {
         let nib = _mm512_set1_epi8(0x0F);
         let z = _mm512_setzero_si512();
-        let gs = g.trailing_zeros();
+        // The four rows' block scales share one index ([`BlockScales`] for one row).
+        let mut idx = _mm512_div_lanes((g / 8) as i32);
+        let step = _mm512_set1_epi32((128 / g) as i32);
         let nw = n / 8;
         let mut tot = [_mm512_setzero_ps(); 4];
         let mut blk = 0;
@@ -191,9 +193,10 @@ unsafe fn q4_split_rows4(
                     a0,
                 );
                 let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), li);
-                let sv = _mm512_permutexvar_ps(idx, _mm512_loadu_ps(s[i].add((blk * 128) >> gs)));
+                let sv = _mm512_permutex2var_ps(s[i].0, idx, s[i].1);
                 tot[i] = _mm512_fmadd_ps(f, sv, tot[i]);
             }
+            idx = _mm512_add_epi32(idx, step);
             blk += 1;
         }
         tot

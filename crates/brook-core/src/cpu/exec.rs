@@ -77,23 +77,31 @@ impl Exec<'_> {
             let rows = task.as_ref().map_or(0, |(w, _)| w.out_features);
             first[i + 1] = first[i] + rows.div_ceil(ROWS);
         }
-        let chunks = Chunks::new(first[MAX_TASKS], 1);
+        let chunks = Chunks::guided(first[MAX_TASKS], self.pool.threads(), 1);
         let (level, s) = (self.level, &*s);
         self.pool.run(&|_| {
             while let Some(units) = chunks.claim() {
-                let u = units.start;
-                let i = first.partition_point(|&f| f <= u) - 1;
-                let Some((w, y)) = &tasks[i] else { continue };
-                let r0 = (u - first[i]) * ROWS;
-                let rows = r0..(r0 + ROWS).min(w.out_features);
-                if t == 1 {
-                    // SAFETY: every unit is claimed by one thread only, so its rows are
-                    // written by no other thread.
-                    let ys = unsafe { y.slice(rows.clone()) };
-                    matvec_rows(level, w, &s.prep, ys, rows);
-                } else {
-                    // SAFETY: as above; matmul writes only columns `rows` of Y.
-                    unsafe { matmul_rows(level, w, &s.batch, *y, rows) };
+                // The claim's units, one matrix at a time, as one run of rows each.
+                let mut u = units.start;
+                while u < units.end {
+                    let i = first.partition_point(|&f| f <= u) - 1;
+                    let last = units.end.min(first[i + 1]);
+                    let Some((w, y)) = &tasks[i] else {
+                        u = last;
+                        continue;
+                    };
+                    let rows =
+                        (u - first[i]) * ROWS..((last - first[i]) * ROWS).min(w.out_features);
+                    if t == 1 {
+                        // SAFETY: every unit is claimed by one thread only, so its rows are
+                        // written by no other thread.
+                        let ys = unsafe { y.slice(rows.clone()) };
+                        matvec_rows(level, w, &s.prep, ys, rows);
+                    } else {
+                        // SAFETY: as above; matmul writes only columns `rows` of Y.
+                        unsafe { matmul_rows(level, w, &s.batch, *y, rows) };
+                    }
+                    u = last;
                 }
             }
         });

@@ -47,6 +47,14 @@ impl Affine<'_> {
     pub fn groups(&self) -> usize {
         self.n >> self.group.trailing_zeros()
     }
+    /// Rows the matrix's bytes hold (at least its checked row count): how far ahead of a
+    /// thread's rows prefetches may reach.
+    pub fn rows(&self) -> usize {
+        let sb = self.groups() * self.float.size();
+        (self.packed.len() / self.row_bytes())
+            .min(self.scales.len() / sb)
+            .min(self.biases.len() / sb)
+    }
     /// (packed bytes, scale bytes, bias bytes) of row `r`.
     #[inline]
     pub fn row(&self, r: usize) -> (&[u8], &[u8], &[u8]) {
@@ -196,7 +204,7 @@ pub fn qmatvec(
     Ok(())
 }
 
-/// y = W x with the rows split over `pool`'s threads (in blocks of 16 rows).
+/// y = W x with the rows split over `pool`'s threads (guided chunks of at least 64 rows).
 pub fn qmatvec_pool(
     pool: &CpuPool,
     level: SimdLevel,
@@ -230,7 +238,7 @@ pub fn qmatvec_pool_at(
     }
     xp.prepare_with(level, precision, x);
     let (ys, xp) = (SharedMut::new(y), &*xp);
-    let chunks = Chunks::new(w.out_features, 64);
+    let chunks = Chunks::guided(w.out_features, pool.threads(), 64);
     pool.run(&|_| {
         while let Some(rows) = chunks.claim() {
             // SAFETY: each chunk of rows is claimed by one thread only.
