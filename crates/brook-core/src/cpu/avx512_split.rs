@@ -1,8 +1,10 @@
 //! AVX-512 VNNI kernels of [`super::qmatvec::Precision::Split24`]: 4-bit rows times activations
 //! held as three signed bytes each, with `vpdpbusd` integer dot products.
 //!
-//! Owns the digit preparation of one 32-element block (`split_chunk`), the one-row and
-//! four-row kernels and their row loop. No allocation, no shape checks (callers checked them).
+//! Owns the digit preparation of one 32-element block (`split_chunk`), the row kernel and its
+//! row loop. (Rows sharing each block's digit loads were faster in cache but slower streaming
+//! from memory: once rows came in long runs, the 35B-shaped model decoded at 6.0 tok/s with
+//! four rows at a time, 9.9 with two, and 11.6 with one.) No allocation, no shape checks (callers checked them).
 //! Mirrors the f32 kernels in `avx512.rs`, which compute the same sums in f32; tests hold both
 //! to the same bounds against the reference.
 
@@ -10,8 +12,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx512::{
-    _mm512_div_lanes, BlockScales, REG_GROUPS, affine_rows, dot_w_vec, prefetch_row, seg_scales,
-    warm_rows,
+    BlockScales, REG_GROUPS, affine_rows, dot_w_vec, prefetch_row, seg_scales, warm_rows,
 };
 use super::qmatvec::{Affine, XPrep};
 /// Like [`q4_seg`] with Split24 activations (see [`super::qmatvec::Precision::Split24`]):
@@ -86,43 +87,7 @@ pub(super) unsafe fn affine_rows_split(
     let (start, end) = (rows.start, rows.end);
     warm_rows(a, start, end);
     let limit = a.rows();
-    let mut r = start;
-    while r + 4 <= end {
-        for i in 0..4 {
-            prefetch_row(a, r + i, limit);
-        }
-        // SAFETY: `check` sized the rows' bytes; XPrep sized digits, lane_inv and sums.
-        unsafe {
-            let rows4: [(&[u8], &[u8], &[u8]); 4] = std::array::from_fn(|i| a.row(r + i));
-            let mut tot: [__m512; 4] = std::array::from_fn(|i| {
-                dot_w_vec(a.float, rows4[i].2.as_ptr(), sums.as_ptr(), a.groups())
-            });
-            for g0 in (0..a.groups()).step_by(REG_GROUPS) {
-                let ng = REG_GROUPS.min(a.groups() - g0);
-                let e0 = g0 * g;
-                let p4 = std::array::from_fn(|i| rows4[i].0.as_ptr().add(e0 / 2));
-                let s4 = std::array::from_fn(|i| {
-                    seg_scales(a.float, rows4[i].1.as_ptr().add(g0 * fs), ng)
-                });
-                let part = q4_split_rows4(
-                    p4,
-                    ng * g,
-                    s4,
-                    g,
-                    digits.as_ptr().add(e0 / 128 * 384),
-                    lane_inv.as_ptr().add(e0 / 8),
-                );
-                for i in 0..4 {
-                    tot[i] = _mm512_add_ps(tot[i], part[i]);
-                }
-            }
-            for i in 0..4 {
-                y[r - start + i] = _mm512_reduce_add_ps(tot[i]);
-            }
-        }
-        r += 4;
-    }
-    for (yr, r) in y[r - start..].iter_mut().zip(r..end) {
+    for (yr, r) in y.iter_mut().zip(start..end) {
         prefetch_row(a, r, limit);
         let (p, s, b) = a.row(r);
         // SAFETY: `check` sized the row's bytes; XPrep sized digits, lane_inv and sums for a.n.
@@ -143,63 +108,6 @@ pub(super) unsafe fn affine_rows_split(
             }
             *yr = _mm512_reduce_add_ps(tot);
         }
-    }
-}
-
-/// Four rows of [`q4_split_seg`] sharing each block's activation digits: the digits are
-/// loaded once for four rows, which took the kernel off the load ports (one row at a time it
-/// issued nine 64-byte loads per 64 bytes of weights).
-#[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-unsafe fn q4_split_rows4(
-    p: [*const u8; 4],
-    n: usize,
-    s: [(__m512, __m512); 4],
-    g: usize,
-    digits: *const i8,
-    lane_inv: *const f32,
-) -> [__m512; 4] {
-    // SAFETY: each p[i] holds n/2 bytes (at most REG_GROUPS groups); digits 384 bytes and
-    // lane_inv 16 floats per 128-element block (rounded up).
-    unsafe {
-        let nib = _mm512_set1_epi8(0x0F);
-        let z = _mm512_setzero_si512();
-        // The four rows' block scales share one index ([`BlockScales`] for one row).
-        let mut idx = _mm512_div_lanes((g / 8) as i32);
-        let step = _mm512_set1_epi32((128 / g) as i32);
-        let nw = n / 8;
-        let mut tot = [_mm512_setzero_ps(); 4];
-        let mut blk = 0;
-        while blk * 16 < nw {
-            let rem = nw - blk * 16;
-            let m: __mmask16 = if rem >= 16 {
-                u16::MAX
-            } else {
-                ((1u32 << rem) - 1) as u16
-            };
-            let dp = digits.add(blk * 384);
-            let d: [__m512i; 6] =
-                std::array::from_fn(|k| _mm512_loadu_si512(dp.add(64 * k) as *const _));
-            let li = _mm512_loadu_ps(lane_inv.add(blk * 16));
-            for i in 0..4 {
-                let w = _mm512_maskz_loadu_epi32(m, p[i].add(blk * 64) as *const i32);
-                let lo = _mm512_and_si512(w, nib);
-                let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(w), nib);
-                let a2 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[0]), hi, d[1]);
-                let a1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[2]), hi, d[3]);
-                let a0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(z, lo, d[4]), hi, d[5]);
-                let acc = _mm512_add_epi32(
-                    _mm512_add_epi32(_mm512_slli_epi32::<16>(a2), _mm512_slli_epi32::<8>(a1)),
-                    a0,
-                );
-                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(acc), li);
-                let sv = _mm512_permutex2var_ps(s[i].0, idx, s[i].1);
-                tot[i] = _mm512_fmadd_ps(f, sv, tot[i]);
-            }
-            idx = _mm512_add_epi32(idx, step);
-            blk += 1;
-        }
-        tot
     }
 }
 

@@ -118,14 +118,23 @@ impl XPrep {
             SimdLevel::Avx512 => 16,
         };
         // A block is `lanes` u32 words of 8 nibbles; lane j, shift k holds element 8j + k.
+        // The AVX-512 kernel reads nibbles 1-6 as q·16^k (masked in place), so those elements
+        // come scaled by 16^-k: exact, powers of two (but for |x| < 2^-102, which lose bits as
+        // subnormals).
         let block = lanes * 8;
         let padded = n.div_ceil(block) * block;
         self.lanes.resize(padded, 0.0);
+        let scaled = level == SimdLevel::Avx512;
         for (b, out) in self.lanes.chunks_exact_mut(block).enumerate() {
-            for j in 0..lanes {
-                for k in 0..8 {
+            for k in 0..8 {
+                let f = if scaled && (1..=6).contains(&k) {
+                    f32::from_bits((127 - 4 * k as u32) << 23)
+                } else {
+                    1.0
+                };
+                for j in 0..lanes {
                     let i = b * block + 8 * j + k;
-                    out[k * lanes + j] = if i < n { x[i] } else { 0.0 };
+                    out[k * lanes + j] = if i < n { x[i] * f } else { 0.0 };
                 }
             }
         }
