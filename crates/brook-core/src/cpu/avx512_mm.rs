@@ -7,18 +7,19 @@
 
 use std::arch::x86_64::*;
 
-use super::avx512::{_mm512_div_lanes, scale_at, widen};
-use super::qmatvec::{Affine, SCALE_PAD};
+use super::avx512::{BlockScales, REG_GROUPS, scale_at, seg_scales, widen};
+use super::qmatvec::Affine;
 use crate::linear::{LinearRef, MatRef};
 /// Row `r` of W as f32 into `dst`: natural order, or (`lanes`, 4-bit only) the 16-lane nibble
-/// order of [`super::qmatvec::XPrep`], padded to whole 128-element blocks.
+/// order of [`super::qmatvec::XPrep`], padded to whole 128-element blocks. (`_sbuf` is the
+/// AVX2 path's scale buffer; this one keeps a row's scales in registers.)
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn unpack_row(
     w: &LinearRef<'_>,
     r: usize,
     lanes: bool,
     dst: &mut [f32],
-    sbuf: &mut [f32],
+    _sbuf: &mut [f32],
 ) {
     let n = w.in_features;
     let a = match w.mat {
@@ -52,13 +53,24 @@ pub(super) unsafe fn unpack_row(
     let (p, s, b) = a.row(r);
     let (g, bits, ng) = (a.group, a.bits as usize, a.groups());
     if lanes {
-        assert!(bits == 4 && ng <= UNPACK_GROUPS && dst.len() >= n.div_ceil(128) * 128);
-        let (sb, bb) = sbuf.split_at_mut(UNPACK_GROUPS + SCALE_PAD);
-        // SAFETY: sizes asserted above and by `check`.
-        unsafe {
-            widen(a.float, s.as_ptr(), &mut sb[..ng]);
-            widen(a.float, b.as_ptr(), &mut bb[..ng]);
-            q4_unpack_lanes(p.as_ptr(), n, sb, bb, g, dst.as_mut_ptr());
+        assert!(bits == 4 && dst.len() >= n.div_ceil(128) * 128);
+        let fs = a.float.size();
+        for g0 in (0..ng).step_by(REG_GROUPS) {
+            let m = REG_GROUPS.min(ng - g0);
+            let e0 = g0 * g;
+            // SAFETY: sizes asserted above and by `check`; e0 is a multiple of 128 (32 groups
+            // of at least 32), so the segment starts a lane block of `dst`.
+            unsafe {
+                let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), m));
+                let bc = BlockScales::new(g, seg_scales(a.float, b.as_ptr().add(g0 * fs), m));
+                q4_unpack_lanes(
+                    p.as_ptr().add(e0 / 2),
+                    m * g,
+                    sc,
+                    bc,
+                    dst.as_mut_ptr().add(e0),
+                );
+            }
         }
         return;
     }
@@ -87,9 +99,6 @@ pub(super) unsafe fn unpack_row(
         }
     }
 }
-
-/// Groups of one row [`unpack_row`] widens at once in lane order.
-pub(super) const UNPACK_GROUPS: usize = 1024;
 
 /// 32 values of `bits` ≤ 8 bits at `p` (4·bits bytes) as two vectors of 16, natural order.
 #[inline]
@@ -122,16 +131,22 @@ unsafe fn unpack32(p: *const u8, bits: usize) -> (__m512, __m512) {
     }
 }
 
-/// Dequantizes one 4-bit row of n elements into `dst` in 16-lane nibble order.
+/// Dequantizes n elements (at most [`REG_GROUPS`] groups) of a 4-bit row into `dst` in
+/// 16-lane nibble order, each block's scales and biases picked out of registers.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-unsafe fn q4_unpack_lanes(p: *const u8, n: usize, s: &[f32], b: &[f32], g: usize, dst: *mut f32) {
-    // SAFETY: p holds n/2 bytes, s and b n/g + 16 floats, dst n rounded up to 128 floats.
+unsafe fn q4_unpack_lanes(
+    p: *const u8,
+    n: usize,
+    mut sc: BlockScales,
+    mut bc: BlockScales,
+    dst: *mut f32,
+) {
+    // SAFETY: p holds n/2 bytes, dst n rounded up to 128 floats.
     unsafe {
         let lut = _mm512_setr_ps(
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
         );
-        let idx = _mm512_div_lanes((g / 8) as i32);
         let nw = n / 8;
         let mut blk = 0;
         while blk * 16 < nw {
@@ -141,14 +156,7 @@ unsafe fn q4_unpack_lanes(p: *const u8, n: usize, s: &[f32], b: &[f32], g: usize
             } else {
                 _mm512_maskz_loadu_epi32(((1u32 << rem) - 1) as u16, p.add(blk * 64) as *const i32)
             };
-            let sv = _mm512_permutexvar_ps(
-                idx,
-                _mm512_loadu_ps(s.as_ptr().add((blk * 128) >> g.trailing_zeros())),
-            );
-            let bv = _mm512_permutexvar_ps(
-                idx,
-                _mm512_loadu_ps(b.as_ptr().add((blk * 128) >> g.trailing_zeros())),
-            );
+            let (sv, bv) = (sc.next(), bc.next());
             let d = dst.add(blk * 128);
             macro_rules! step {
                 ($k:literal) => {
