@@ -254,3 +254,65 @@ fn backend_cuda_runs_or_says_why_not() {
         );
     }
 }
+
+/// `brook bench --json` on a streamed container: one row per budget, each under its budget,
+/// with the speeds, the cache's figures and the disk measured before and after decoding.
+#[test]
+fn bench_json_reports_one_row_per_budget() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = mid_container(dir.path());
+    let out = brook()
+        .args(["bench", "--model"])
+        .arg(&c)
+        .args(["--memory-budget", "100MiB,400MiB", "--context", "256"])
+        .args([
+            "-p",
+            "16",
+            "-n",
+            "4",
+            "-r",
+            "1",
+            "--disk-secs",
+            "0.2",
+            "--json",
+        ])
+        .output()
+        .expect("run");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (row, budget) in rows.iter().zip([100u64 << 20, 400 << 20]) {
+        let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
+        assert_eq!(row["budget_bytes"].as_u64(), Some(budget));
+        assert!(
+            f("pp_tok_s") > 0.0 && f("tg_tok_s") > 0.0 && f("ttft_s") > 0.0,
+            "{row}"
+        );
+        assert!(f("peak_rss_bytes") < budget as f64, "{row}");
+        assert!((0.0..=1.0).contains(&f("hit_rate")), "{row}");
+        let (before, after) = (f("disk_bw_before_gb_s"), f("disk_bw_after_gb_s"));
+        assert!(before > 0.0 && after > 0.0, "{row}");
+        assert!(
+            (f("disk_bw_gb_s") - (before + after) / 2.0).abs() < 1e-9,
+            "{row}"
+        );
+        assert!(f("limit_tok_s") > 0.0, "{row}");
+    }
+    // The small budget streams; the large one holds every expert and reads nothing.
+    assert!(rows[0]["bytes_read_per_token"].as_f64().expect("read") > 0.0);
+    assert!(rows[0]["hit_rate"].as_f64().expect("hits") < 1.0);
+    assert_eq!(
+        rows[1]["bytes_read_per_token"].as_f64(),
+        Some(0.0),
+        "{}",
+        rows[1]
+    );
+}

@@ -258,8 +258,28 @@ fn quantized_and_float_matmul_match_reference_for_token_chunks() {
     // segment in registers), ending in a partial segment and a partial 128-element block.
     for (out, inp, group, t) in [(6, 2080, 32, 5), (5, 4096, 64, 3), (3, 4224, 128, 4)] {
         let float = FLOATS[out % 3];
-        check_matmul(&mut rng, out, inp, t, Format::Affine { bits: 4, group, float }, &pool);
-        check_matvec(&mut rng, out, inp, Format::Affine { bits: 4, group, float });
+        check_matmul(
+            &mut rng,
+            out,
+            inp,
+            t,
+            Format::Affine {
+                bits: 4,
+                group,
+                float,
+            },
+            &pool,
+        );
+        check_matvec(
+            &mut rng,
+            out,
+            inp,
+            Format::Affine {
+                bits: 4,
+                group,
+                float,
+            },
+        );
     }
     for dtype in FLOATS {
         check_matmul(&mut rng, 9, 37, 6, Format::Float(dtype), &pool);

@@ -32,7 +32,8 @@ pub struct Args {
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
     repetitions: usize,
-    /// Seconds spent measuring the disk's own read bandwidth (0 skips it).
+    /// Seconds spent measuring the disk's own read bandwidth, before and again after the
+    /// decode test (0 skips it).
     #[arg(long, default_value_t = 3.0)]
     disk_secs: f64,
     /// One JSON object per configuration instead of tables.
@@ -64,8 +65,14 @@ pub struct Row {
     pub bytes_read_per_token: f64,
     /// Achieved read bandwidth while reads were in flight during decode.
     pub disk_gb_s: f64,
-    /// The disk's own bandwidth for whole-expert random reads, measured in this run.
+    /// The disk's own bandwidth for whole-expert random reads: the mean of the measurements
+    /// right before and right after the decode test.
     pub disk_bw_gb_s: f64,
+    /// Those two measurements.
+    #[serde(default)]
+    pub disk_bw_before_gb_s: f64,
+    #[serde(default)]
+    pub disk_bw_after_gb_s: f64,
     /// Memory read bandwidth measured over the resident weights in this run.
     pub mem_bw_gb_s: f64,
     /// Weight bytes one decoded token touches.
@@ -233,11 +240,16 @@ fn run_one(a: &Args) -> Result<Row> {
 
     let container = brook_core::container::is_container(&path);
     let (model_bytes, expert_bytes) = model_sizes(&path)?;
-    let disk_bw = if container && a.disk_secs > 0.0 {
-        let c = brook_core::container::Container::open(&path)?;
-        brook_core::experts::store::ExpertStore::open(&c)?.measure_bandwidth(8, a.disk_secs)?
-    } else {
-        0.0
+    // The disk's own bandwidth, measured right before and right after the decode test (the
+    // disk is shared and drifts by 2x between minutes; one measurement before the prefill,
+    // half a minute earlier, put the decode's read time off by as much).
+    let measure_disk = || -> Result<f64> {
+        Ok(if container && a.disk_secs > 0.0 {
+            let c = brook_core::container::Container::open(&path)?;
+            brook_core::experts::store::ExpertStore::open(&c)?.measure_bandwidth(8, a.disk_secs)?
+        } else {
+            0.0
+        })
     };
     let mem_bw = super::memory_bandwidth(&model, threads);
 
@@ -272,6 +284,7 @@ fn run_one(a: &Args) -> Result<Row> {
             pp.push(a.n_prompt as f64 / secs);
         }
     }
+    let disk_before = measure_disk()?;
     let mut tg = Vec::new();
     let before = model.experts.stats();
     let gpu_before = runner.gpu_stats();
@@ -297,6 +310,12 @@ fn run_one(a: &Args) -> Result<Row> {
         (Some(after), Some(before)) => Some(after.since(&before)),
         _ => None,
     };
+    let disk_after = if a.n_gen > 0 {
+        measure_disk()?
+    } else {
+        disk_before
+    };
+    let disk_bw = (disk_before + disk_after) / 2.0;
     let (_, peak) = budget::rss();
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
@@ -393,6 +412,8 @@ fn run_one(a: &Args) -> Result<Row> {
         bytes_read_per_token,
         disk_gb_s: delta.map_or(0.0, |d| d.read_gb_s()),
         disk_bw_gb_s: disk_bw / 1e9,
+        disk_bw_before_gb_s: disk_before / 1e9,
+        disk_bw_after_gb_s: disk_after / 1e9,
         mem_bw_gb_s: mem_bw,
         bytes_touched_per_token: touched,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
