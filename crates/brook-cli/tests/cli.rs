@@ -32,6 +32,15 @@ fn ids(v: &serde_json::Value) -> Vec<u64> {
         .collect()
 }
 
+/// Asserts the command exited 0, showing its stderr if not.
+fn succeeded(out: &std::process::Output) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 fn join(v: &[u64]) -> String {
     v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
 }
@@ -79,11 +88,7 @@ fn generate_json_lists_the_greedy_tokens() {
             .args(["--max-tokens", "16", "--temperature", "0", "--json"])
             .output()
             .expect("run");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        succeeded(&out);
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         let got = ids(&v["tokens"]);
         // The fixture's greedy run ignores EOS; ours may stop early at an EOS id.
@@ -166,11 +171,7 @@ fn peak_rss_stays_under_a_small_budget() {
         .args(["--max-tokens", "8", "--json"])
         .output()
         .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
     let peak = v["peak_rss_bytes"].as_u64().expect("peak");
     let cache = &v["cache"];
@@ -278,11 +279,7 @@ fn bench_json_reports_one_row_per_budget() {
         ])
         .output()
         .expect("run");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    succeeded(&out);
     let rows: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())

@@ -257,29 +257,13 @@ fn quantized_and_float_matmul_match_reference_for_token_chunks() {
     // 4-bit rows longer than one 32-group segment of scales (the AVX-512 kernels keep a
     // segment in registers), ending in a partial segment and a partial 128-element block.
     for (out, inp, group, t) in [(6, 2080, 32, 5), (5, 4096, 64, 3), (3, 4224, 128, 4)] {
-        let float = FLOATS[out % 3];
-        check_matmul(
-            &mut rng,
-            out,
-            inp,
-            t,
-            Format::Affine {
-                bits: 4,
-                group,
-                float,
-            },
-            &pool,
-        );
-        check_matvec(
-            &mut rng,
-            out,
-            inp,
-            Format::Affine {
-                bits: 4,
-                group,
-                float,
-            },
-        );
+        let fmt = Format::Affine {
+            bits: 4,
+            group,
+            float: FLOATS[out % 3],
+        };
+        check_matmul(&mut rng, out, inp, t, fmt, &pool);
+        check_matvec(&mut rng, out, inp, fmt);
     }
     for dtype in FLOATS {
         check_matmul(&mut rng, 9, 37, 6, Format::Float(dtype), &pool);
