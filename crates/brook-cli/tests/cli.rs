@@ -5,12 +5,32 @@ use std::process::Command;
 
 use brook_core::safetensors::SafeFile;
 
-fn brook() -> Command {
-    // Checkpoint folders are repacked into the store on first use: keep that store private.
-    let home = std::env::temp_dir().join(format!("brook-cli-test-{}", std::process::id()));
-    let mut c = Command::new(env!("CARGO_BIN_EXE_brook"));
-    c.env("BROOK_HOME", home);
-    c
+/// The `brook` binary with a private store (`BROOK_HOME`: checkpoint folders are repacked
+/// into it on first use) in a temporary folder that goes when the command is dropped (a store
+/// named after the process id stayed behind after every run).
+struct Brook {
+    cmd: Command,
+    _home: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Brook {
+    type Target = Command;
+    fn deref(&self) -> &Command {
+        &self.cmd
+    }
+}
+
+impl std::ops::DerefMut for Brook {
+    fn deref_mut(&mut self) -> &mut Command {
+        &mut self.cmd
+    }
+}
+
+fn brook() -> Brook {
+    let home = tempfile::tempdir().expect("tempdir");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_brook"));
+    cmd.env("BROOK_HOME", home.path());
+    Brook { cmd, _home: home }
 }
 
 fn fixture(name: &str) -> PathBuf {

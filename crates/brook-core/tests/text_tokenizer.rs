@@ -173,12 +173,10 @@ fn token_bytes_rebuild_text_exactly() {
 
 #[test]
 fn from_dir_is_none_without_tokenizer_json() {
-    let empty = std::env::temp_dir().join("brook-text-no-tokenizer");
-    std::fs::create_dir_all(&empty).expect("temp dir");
-    assert!(Tokenizer::from_dir(&empty).expect("no error").is_none());
-    let bad = empty.join("tokenizer.json");
-    std::fs::write(&bad, b"{not json").expect("write");
-    let err = Tokenizer::from_dir(&empty).expect_err("bad file is an error");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let empty = dir.path();
+    assert!(Tokenizer::from_dir(empty).expect("no error").is_none());
+    std::fs::write(empty.join("tokenizer.json"), b"{not json").expect("write");
+    let err = Tokenizer::from_dir(empty).expect_err("bad file is an error");
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
-    std::fs::remove_file(bad).expect("cleanup");
 }

@@ -173,11 +173,14 @@ mod tests {
 
     #[test]
     fn bad_eos_is_an_error_naming_the_file() {
-        let dir = std::env::temp_dir().join("brook-text-genconfig");
-        std::fs::create_dir_all(&dir).unwrap_or_default();
-        let path = dir.join("generation_config.json");
-        std::fs::write(&path, r#"{"eos_token_id": "x"}"#).unwrap_or_default();
-        let err = match GenerationConfig::from_dir(&dir) {
+        let tmp = tempfile::tempdir().expect("temp dir");
+        let dir = tmp.path();
+        std::fs::write(
+            dir.join("generation_config.json"),
+            r#"{"eos_token_id": "x"}"#,
+        )
+        .expect("write");
+        let err = match GenerationConfig::from_dir(dir) {
             Err(e) => e.to_string(),
             Ok(g) => format!("unexpectedly parsed {g:?}"),
         };
