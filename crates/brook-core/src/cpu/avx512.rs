@@ -409,38 +409,75 @@ unsafe fn qgen_seg(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
 pub(super) unsafe fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows: Range<usize>) {
     let (g, fs, bits) = (a.group, a.float.size(), a.bits as usize);
-    let (x, lanes, sums) = (xp.x(), xp.lanes(), xp.sums(g));
-    let end = rows.end;
-    warm_rows(a, rows.start, end);
+    let (x, lanes) = (xp.x(), xp.lanes());
+    // SAFETY: `check` sized the rows' bytes; XPrep sized x, lanes and sums for a.n.
+    unsafe {
+        row_loop(a, xp.sums(g), y, rows, |p, s| {
+            if bits == 4 {
+                return q4_segments(a, p, s, |pp, n, sc, e0| {
+                    q4_seg(pp, n, sc, lanes.as_ptr().add(e0))
+                });
+            }
+            let mut tot = _mm512_setzero_ps();
+            for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
+                let ng = SEG_GROUPS.min(a.groups() - g0);
+                let (e0, ne) = (g0 * g, ng * g);
+                let pp = p.as_ptr().add(e0 * bits / 8);
+                let sp = s.as_ptr().add(g0 * fs);
+                let part = match bits {
+                    8 => q8_seg(pp, ne, a.float, sp, x.as_ptr().add(e0), g),
+                    _ => qgen_seg(pp, ne, bits, a.float, sp, x.as_ptr().add(e0), g),
+                };
+                tot = _mm512_add_ps(tot, part);
+            }
+            tot
+        })
+    }
+}
+
+/// The row loop every AVX-512 affine kernel shares: y[i] = row `rows.start + i`'s bias term
+/// Σ_g β_g·Σx_g (from `sums`, x's per-group sums) plus `part(packed, scales)`, the row's
+/// Σ s·q·x as 16 lane sums; rows are prefetched ahead (across the end of `rows`, up to the
+/// matrix's last row).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn row_loop(
+    a: &Affine<'_>,
+    sums: &[f32],
+    y: &mut [f32],
+    rows: Range<usize>,
+    part: impl Fn(&[u8], &[u8]) -> __m512,
+) {
+    warm_rows(a, rows.start, rows.end);
     let limit = a.rows();
     for (yr, r) in y.iter_mut().zip(rows) {
         prefetch_row(a, r, limit);
         let (p, s, b) = a.row(r);
-        // SAFETY: `check` sized the row's bytes; XPrep sized x, lanes and sums for a.n.
-        unsafe {
-            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            if bits == 4 {
-                for g0 in (0..a.groups()).step_by(REG_GROUPS) {
-                    let ng = REG_GROUPS.min(a.groups() - g0);
-                    let e0 = g0 * g;
-                    let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng));
-                    let pp = p.as_ptr().add(e0 / 2);
-                    tot = _mm512_add_ps(tot, q4_seg(pp, ng * g, sc, lanes.as_ptr().add(e0)));
-                }
-            } else {
-                for g0 in (0..a.groups()).step_by(SEG_GROUPS) {
-                    let ng = SEG_GROUPS.min(a.groups() - g0);
-                    let (e0, ne) = (g0 * g, ng * g);
-                    let pp = p.as_ptr().add(e0 * bits / 8);
-                    let sp = s.as_ptr().add(g0 * fs);
-                    let part = match bits {
-                        8 => q8_seg(pp, ne, a.float, sp, x.as_ptr().add(e0), g),
-                        _ => qgen_seg(pp, ne, bits, a.float, sp, x.as_ptr().add(e0), g),
-                    };
-                    tot = _mm512_add_ps(tot, part);
-                }
-            }
-            *yr = _mm512_reduce_add_ps(tot);
-        }
+        // SAFETY: the caller guarantees `sums` holds a row's groups.
+        let bias = unsafe { dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups()) };
+        *yr = _mm512_reduce_add_ps(_mm512_add_ps(bias, part(p, s)));
     }
+}
+
+/// A 4-bit row's Σ s·q·x as 16 lane sums, in segments of [`REG_GROUPS`] groups:
+/// `seg(packed bytes from element e0, elements, the segment's scales, e0)` for each.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn q4_segments(
+    a: &Affine<'_>,
+    p: &[u8],
+    s: &[u8],
+    seg: impl Fn(*const u8, usize, BlockScales, usize) -> __m512,
+) -> __m512 {
+    let (g, fs) = (a.group, a.float.size());
+    let mut tot = _mm512_setzero_ps();
+    for g0 in (0..a.groups()).step_by(REG_GROUPS) {
+        let ng = REG_GROUPS.min(a.groups() - g0);
+        let e0 = g0 * g;
+        // SAFETY: `p` and `s` are a checked 4-bit row's packed bytes and scales.
+        let sc = unsafe { BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng)) };
+        // SAFETY: as above; e0 / 2 < p.len().
+        tot = _mm512_add_ps(tot, seg(unsafe { p.as_ptr().add(e0 / 2) }, ng * g, sc, e0));
+    }
+    tot
 }

@@ -10,9 +10,7 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{
-    BlockScales, REG_GROUPS, affine_rows, dot_w_vec, prefetch_row, seg_scales, warm_rows,
-};
+use super::avx512::{BlockScales, affine_rows, q4_segments, row_loop};
 use super::qmatvec::{Affine, XPrep};
 
 /// Int8 activations of 32 elements: d = max|x| / 127, X = round(x / d) ∈ [−127, 127]. The even
@@ -64,37 +62,18 @@ pub(super) unsafe fn affine_rows_q8(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], r
         // SAFETY: same contract as ours.
         return unsafe { affine_rows(a, xp, y, rows) };
     }
-    let (g, fs) = (a.group, a.float.size());
-    let sums = xp.sums(g);
-    let (start, end) = (rows.start, rows.end);
-    warm_rows(a, start, end);
-    let limit = a.rows();
-    // One row at a time: four rows sharing each block's activations (as Split24 does) ran
-    // the 35B decode at 8.9-9.7 tok/s against 10.2-10.6 one row at a time, and the head
+    // One row at a time: four rows sharing each block's activations (as Split24 also did)
+    // ran the 35B decode at 8.9-9.7 tok/s against 10.2-10.6 one row at a time, and the head
     // matvec at 15.8-17.6 against 19.1-21.1 GiB/s (2 threads, back to back, read 28-29 GiB/s):
     // streaming rows from DRAM, four interleaved 1 KiB streams defeat the prefetchers, and
     // the int8 activations are only two loads per block.
-    for (yr, r) in y.iter_mut().zip(start..end) {
-        prefetch_row(a, r, limit);
-        let (p, s, b) = a.row(r);
-        // SAFETY: `check` sized the row's bytes; XPrep sized qx, lane_d and sums for a.n.
-        unsafe {
-            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            for g0 in (0..a.groups()).step_by(REG_GROUPS) {
-                let ng = REG_GROUPS.min(a.groups() - g0);
-                let e0 = g0 * g;
-                let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng));
-                let part = q4_q8_row(
-                    p.as_ptr().add(e0 / 2),
-                    ng * g,
-                    sc,
-                    qx.as_ptr().add(e0),
-                    lane_d.as_ptr().add(e0 / 8),
-                );
-                tot = _mm512_add_ps(tot, part);
-            }
-            *yr = _mm512_reduce_add_ps(tot);
-        }
+    // SAFETY: `check` sized the rows' bytes; XPrep sized qx, lane_d and sums for a.n.
+    unsafe {
+        row_loop(a, xp.sums(a.group), y, rows, |p, s| {
+            q4_segments(a, p, s, |pp, n, sc, e0| {
+                q4_q8_row(pp, n, sc, qx.as_ptr().add(e0), lane_d.as_ptr().add(e0 / 8))
+            })
+        })
     }
 }
 

@@ -11,10 +11,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{
-    BlockScales, REG_GROUPS, affine_rows, dot_w_vec, prefetch_row, seg_scales, warm_rows,
-};
+use super::avx512::{BlockScales, affine_rows, q4_segments, row_loop};
 use super::qmatvec::{Affine, XPrep};
+
 /// Like [`q4_seg`] with Split24 activations (see [`super::qmatvec::Precision::Split24`]):
 /// per block, Σ q·X in i32 from three digit sums (6 `vpdpbusd`), then ·2^-k·s.
 /// Bound: per lane and digit two dot products of 4 terms, |q·d| ≤ 15·128, so
@@ -82,32 +81,14 @@ pub(super) unsafe fn affine_rows_split(
         // SAFETY: same contract as ours.
         return unsafe { affine_rows(a, xp, y, rows) };
     }
-    let (g, fs) = (a.group, a.float.size());
-    let sums = xp.sums(g);
-    let (start, end) = (rows.start, rows.end);
-    warm_rows(a, start, end);
-    let limit = a.rows();
-    for (yr, r) in y.iter_mut().zip(start..end) {
-        prefetch_row(a, r, limit);
-        let (p, s, b) = a.row(r);
-        // SAFETY: `check` sized the row's bytes; XPrep sized digits, lane_inv and sums for a.n.
-        unsafe {
-            let mut tot = dot_w_vec(a.float, b.as_ptr(), sums.as_ptr(), a.groups());
-            for g0 in (0..a.groups()).step_by(REG_GROUPS) {
-                let ng = REG_GROUPS.min(a.groups() - g0);
-                let e0 = g0 * g;
-                let sc = BlockScales::new(g, seg_scales(a.float, s.as_ptr().add(g0 * fs), ng));
-                let part = q4_split_seg(
-                    p.as_ptr().add(e0 / 2),
-                    ng * g,
-                    sc,
-                    digits.as_ptr().add(e0 / 128 * 384),
-                    lane_inv.as_ptr().add(e0 / 8),
-                );
-                tot = _mm512_add_ps(tot, part);
-            }
-            *yr = _mm512_reduce_add_ps(tot);
-        }
+    // SAFETY: `check` sized the rows' bytes; XPrep sized digits, lane_inv and sums for a.n.
+    unsafe {
+        row_loop(a, xp.sums(a.group), y, rows, |p, s| {
+            q4_segments(a, p, s, |pp, n, sc, e0| {
+                let d = digits.as_ptr().add(e0 / 128 * 384);
+                q4_split_seg(pp, n, sc, d, lane_inv.as_ptr().add(e0 / 8))
+            })
+        })
     }
 }
 
