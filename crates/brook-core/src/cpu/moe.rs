@@ -134,9 +134,8 @@ pub fn forward(
 
 /// `--prefetch` for one token: `normed` is the residual stream entering `layer` (the embedding
 /// for layer 0), normed with its MoE norm; routes it with its router (its mixer has not run
-/// yet) and
-/// hands the likeliest [`PREFETCH_GUESSES`] experts to the expert source to read while the
-/// mixer computes. Uses the router scratch, which the next MoE overwrites.
+/// yet) and hands the likeliest [`PREFETCH_GUESSES`] experts to the expert source to read
+/// while the mixer computes. Uses the router scratch, which the next MoE overwrites.
 pub fn prefetch_next(
     ex: &Exec<'_>,
     next: &MoeWeights,

@@ -130,9 +130,8 @@ impl EmbeddingRows {
             buf: Mutex::new(vec![0; parts.iter().map(|p| p.1).sum()]),
             parts,
         };
-        // The kernels must take this format (checked once, on a row's worth of bytes).
-        let buf = vec![0u8; rows.row_bytes()];
-        check(&rows.view(&buf))?;
+        // The kernels must take this format (checked once, on the row buffer).
+        check(&rows.view(&rows.buf.lock().unwrap_or_else(|p| p.into_inner())))?;
         Ok(rows)
     }
 
