@@ -198,8 +198,8 @@ fn delta_inputs(rng: &mut Rng, t: usize, nv: usize, dk: usize, dv: usize) -> Inp
 #[test]
 fn delta_rule_step_and_chunked_match_reference() {
     let mut rng = Rng::new(6);
-    // Odd widths (the chunked form's edge blocks) and the models' own 128 × 128 heads (its
-    // full register blocks).
+    // Odd widths (the chunked form's edge blocks), the models' own 128 × 128 heads (its
+    // full register blocks), and values wider than one of `step`'s 128-column blocks.
     let cases = [
         (2, 32, 48, 1),
         (2, 32, 48, 3),
@@ -207,6 +207,7 @@ fn delta_rule_step_and_chunked_match_reference() {
         (2, 32, 48, 150),
         (2, 128, 128, 70),
         (1, 64, 80, 130),
+        (1, 16, 200, 4),
     ];
     for (nv, dk, dv, t) in cases {
         let x = delta_inputs(&mut rng, t, nv, dk, dv);

@@ -17,11 +17,16 @@ pub fn step_scratch(dv: usize) -> usize {
     3 * dv
 }
 
+/// Value columns [`step`] keeps in registers at once: a whole row of S at dv = 128.
+const STEP_COLS: usize = 128;
+
 simd_fn! {
     /// One token: S [dk, dv] ← e^g·S + k δᵀ with δ = β(v − e^g·Sᵀk); o [dv] = Sᵀq after the
-    /// update. Done 16 value columns at a time: a column block of S (dk × 16 floats, 8 KiB at
-    /// dk = 128) is read for u and w, then updated while still in L1, so S crosses the memory
-    /// bus once each way per token (30 layers × 2 MiB of state at 35B). `scratch` is unused
+    /// update. Done [`STEP_COLS`] value columns at a time, row after row: u = Sᵀk and w = Sᵀq
+    /// gather in registers while S streams in (whole 512-byte rows at dv = 128, which the
+    /// hardware prefetcher follows; 16-column blocks, a 64-byte line per row 512 bytes apart,
+    /// ran the 35B's 30 × 2 MiB of state at about half the memory's rate), then S is updated
+    /// from L2, so it crosses the memory bus once each way per token. `scratch` is unused
     /// (kept for [`step_scratch`] callers).
     pub fn step(
         s: &mut [f32],
@@ -39,24 +44,26 @@ simd_fn! {
         let kq = plain::dot(k, q);
         let mut j0 = 0;
         while j0 < dv {
-            let nj = (dv - j0).min(16);
-            let (mut u, mut w) = ([0.0f32; 16], [0.0f32; 16]);
+            let nj = (dv - j0).min(STEP_COLS);
+            let (mut u, mut w) = ([0.0f32; STEP_COLS], [0.0f32; STEP_COLS]);
             for i in 0..dk {
                 let row = &s[i * dv + j0..i * dv + j0 + nj];
-                for j in 0..nj {
-                    u[j] = row[j].mul_add(k[i], u[j]);
-                    w[j] = row[j].mul_add(q[i], w[j]);
+                let (ki, qi) = (k[i], q[i]);
+                for ((uj, wj), &sj) in u.iter_mut().zip(w.iter_mut()).zip(row) {
+                    *uj = sj.mul_add(ki, *uj);
+                    *wj = sj.mul_add(qi, *wj);
                 }
             }
-            let mut delta = [0.0f32; 16];
+            let mut delta = [0.0f32; STEP_COLS];
             for j in 0..nj {
                 delta[j] = beta * (v[j0 + j] - alpha * u[j]);
                 o[j0 + j] = alpha * w[j] + kq * delta[j];
             }
             for i in 0..dk {
                 let row = &mut s[i * dv + j0..i * dv + j0 + nj];
-                for j in 0..nj {
-                    row[j] = k[i].mul_add(delta[j], alpha * row[j]);
+                let ki = k[i];
+                for (sj, &dj) in row.iter_mut().zip(&delta) {
+                    *sj = ki.mul_add(dj, alpha * *sj);
                 }
             }
             j0 += nj;

@@ -244,8 +244,13 @@ fn decode(
         swiglu_act(g, u);
         s.preps[k].prepare_with(level, ex.precision, g);
     }
-    let per = i_w.div_ceil(GU_ROWS);
-    let per_down = h.div_ceil(DOWN_ROWS);
+    let threads = ex.pool.threads();
+    let (gu_rows, down_rows) = (
+        unit_rows(i_w, threads, 32, 256),
+        unit_rows(h, threads, 64, 1024),
+    );
+    let per = i_w.div_ceil(gu_rows);
+    let per_down = h.div_ceil(down_rows);
     let sched = std::sync::Mutex::new(Schedule::new(&mut s.sched[..3 * (k + 1)], k, per));
     {
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
@@ -265,7 +270,7 @@ fn decode(
                     },
                     Unit::GateUp(slot, block) => {
                         let at = slot * width;
-                        let rows = block * GU_ROWS..((block + 1) * GU_ROWS).min(i_w);
+                        let rows = block * gu_rows..((block + 1) * gu_rows).min(i_w);
                         let v = match gate_up_ready(&*handles[slot], layer, i_w) {
                             Ok(v) => v,
                             Err(e) => {
@@ -298,7 +303,7 @@ fn decode(
                         }
                     }
                     Unit::Down(slot, block) => {
-                        let rows = block * DOWN_ROWS..((block + 1) * DOWN_ROWS).min(h);
+                        let rows = block * down_rows..((block + 1) * down_rows).min(h);
                         let down = if slot < k {
                             handles[slot].view().down_proj
                         } else {
@@ -335,9 +340,14 @@ fn decode(
     Ok(())
 }
 
-/// Rows of one gate/up unit and of one down unit of the one-token MoE.
-const GU_ROWS: usize = 32;
-const DOWN_ROWS: usize = 64;
+/// Rows of one unit of the one-token MoE: a thread's share of a matrix of `rows` rows,
+/// between `lo` and `hi`. Each unit streams its rows from one place; units of 32 gate/up and
+/// 64 down rows (a 16-64 KiB run each, the two threads alternating through every matrix) ran
+/// the resident 35B's experts at half the dense matrices' rate per byte, and its fast decode
+/// 12-30% slower than a thread's share (docs/BENCH.md, "session 7").
+fn unit_rows(rows: usize, threads: usize, lo: usize, hi: usize) -> usize {
+    rows.div_ceil(threads.max(1)).clamp(lo, hi)
+}
 
 /// Waits for a routed expert and checks it is a `width`-wide expert the kernels can run.
 fn gate_up_ready<'a>(hd: &'a dyn ExpertData, layer: usize, width: usize) -> Result<ExpertView<'a>> {
