@@ -265,6 +265,16 @@ fn quantized_and_float_matmul_match_reference_for_token_chunks() {
         check_matmul(&mut rng, out, inp, t, fmt, &pool);
         check_matvec(&mut rng, out, inp, fmt);
     }
+    // 4-bit chunks of more tokens and rows than one 4×4 tile or one 16-row block, with
+    // remainders of both.
+    for (out, inp, t) in [(37, 256, 40), (19, 512, 16), (8, 128, 33), (3, 384, 2)] {
+        let fmt = Format::Affine {
+            bits: 4,
+            group: 64,
+            float: FLOATS[t % 3],
+        };
+        check_matmul(&mut rng, out, inp, t, fmt, &pool);
+    }
     for dtype in FLOATS {
         check_matmul(&mut rng, 9, 37, 6, Format::Float(dtype), &pool);
         check_matmul(&mut rng, 20, 300, 5, Format::Float(dtype), &pool);
