@@ -17,13 +17,14 @@ pub fn step_scratch(dv: usize) -> usize {
     3 * dv
 }
 
-/// Value columns [`step`] keeps in registers at once: a whole row of S at dv = 128.
+/// Value columns [`step`] gathers at once (two accumulators of this many floats, in L1): a
+/// whole row of S at dv = 128.
 const STEP_COLS: usize = 128;
 
 simd_fn! {
     /// One token: S [dk, dv] ← e^g·S + k δᵀ with δ = β(v − e^g·Sᵀk); o [dv] = Sᵀq after the
     /// update. Done [`STEP_COLS`] value columns at a time, row after row: u = Sᵀk and w = Sᵀq
-    /// gather in registers while S streams in (whole 512-byte rows at dv = 128, which the
+    /// gather in two accumulators while S streams in (whole 512-byte rows at dv = 128, which the
     /// hardware prefetcher follows; 16-column blocks, a 64-byte line per row 512 bytes apart,
     /// ran the 35B's 30 × 2 MiB of state at about half the memory's rate), then S is updated
     /// from L2, so it crosses the memory bus once each way per token. `scratch` is unused
