@@ -12,7 +12,7 @@ use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
     CpuPool, Precision, SimdLevel, SwigluScratch, XBatch, XPrep, expert_swiglu, qmatmul_pool,
-    qmatvec_pool_at,
+    qmatmul_pool_at, qmatvec_pool_at,
 };
 use brook_core::dtype::DType;
 use brook_core::linear::Linear;
@@ -188,6 +188,16 @@ fn matmul(c: &mut Criterion) {
             g.bench_function(format!("{name}/{}/{threads}t", level.name()), |b| {
                 b.iter(|| qmatmul_pool(&pool, level, &w.view(), &x, &mut y, &mut xb))
             });
+            if !SimdLevel::has_vnni() {
+                continue;
+            }
+            // The integer tile of Split24 and Fast (activations prepared inside, as above).
+            for p in [Precision::Split24, Precision::Fast] {
+                let id = format!("{name}/{}-{p:?}/{threads}t", level.name());
+                g.bench_function(id, |b| {
+                    b.iter(|| qmatmul_pool_at(&pool, level, p, &w.view(), &x, &mut y, &mut xb))
+                });
+            }
         }
     }
     g.finish();

@@ -8,8 +8,8 @@
 
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
-    CpuPool, Precision, SimdLevel, XBatch, XPrep, dequant_row, matvec_rows, qmatmul, qmatmul_pool,
-    qmatvec, qmatvec_pool,
+    CpuPool, Precision, SimdLevel, XBatch, XPrep, dequant_row, matvec_rows, qmatmul, qmatmul_at,
+    qmatmul_pool, qmatmul_pool_at, qmatvec, qmatvec_pool,
 };
 use brook_core::dtype;
 use brook_core::dtype::DType;
@@ -362,6 +362,64 @@ fn split24_matvec_matches_reference_where_vnni_exists() {
                     &format!("split24 g{group} {float:?} [{out}, {inp}]"),
                 );
             }
+        }
+    }
+}
+
+#[test]
+fn split24_matmul_matches_reference_where_vnni_exists() {
+    if !SimdLevel::has_vnni() {
+        return;
+    }
+    let mut rng = Rng::new(9);
+    let pool = CpuPool::new(3);
+    let mut xb = XBatch::new();
+    let mut case = 0;
+    for group in [32, 64, 128] {
+        for float in FLOATS {
+            // Rows and tokens with remainders of a 16-row block and of every token tile
+            // (4, 2, 1), widths of one group, many groups, and a partial 64-element piece.
+            let (out, inp, t) =
+                [(7, 128, 1), (33, 2048, 9), (16, 160, 3), (50, 4096, 21)][case % 4];
+            case += 1;
+            let inp = inp.max(group) / group * group;
+            let w = random_linear(
+                &mut rng,
+                out,
+                inp,
+                Format::Affine {
+                    bits: 4,
+                    group,
+                    float,
+                },
+            );
+            // Activations spanning 8 orders of magnitude, with outliers.
+            let mut x = rng.vec(t * inp, 1.0);
+            for (i, v) in x.iter_mut().enumerate() {
+                *v *= 10f32.powi((i % 9) as i32 - 4);
+            }
+            let mut want = vec![0.0; t * out];
+            w.forward_rows(&x, &mut want);
+            let mut scale = Vec::new();
+            for xt in x.chunks_exact(inp) {
+                scale.extend(row_scales(&w, xt));
+            }
+            let what = format!("split24 matmul g{group} {float:?} [{out}, {inp}] T={t}");
+            let mut y = vec![f32::NAN; t * out];
+            qmatmul_at(
+                SimdLevel::Avx512,
+                Precision::Split24,
+                &w.view(),
+                &x,
+                &mut y,
+                &mut xb,
+            )
+            .expect("matmul");
+            assert_close(&y, &want, &scale, &what);
+            let mut y = vec![f32::NAN; t * out];
+            let (lvl, p) = (SimdLevel::Avx512, Precision::Split24);
+            qmatmul_pool_at(&pool, lvl, p, &w.view(), &x, &mut y, &mut xb).expect("matmul");
+            assert_close(&y, &want, &scale, &format!("pool {what}"));
         }
     }
 }

@@ -26,17 +26,7 @@ pub(super) unsafe fn q8_chunk(x: &[f32], out: &mut [i8]) -> f32 {
             _mm512_loadu_ps(x.as_ptr()),
             _mm512_loadu_ps(x.as_ptr().add(16)),
         );
-        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        // A NaN or infinity in the block makes d NaN, so the outputs turn NaN as the f32
-        // kernels' would, instead of the block silently counting as zero.
-        let (d, inv) = if !max.is_finite() {
-            (f32::NAN, 0.0)
-        } else if max > 0.0 {
-            (max / 127.0, 127.0 / max)
-        } else {
-            (0.0, 0.0)
-        };
-        let m = _mm512_set1_ps(inv);
+        let (d, m) = q8_scale(a, b);
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
         for (idx, off) in [(even, 0), (odd, 64)] {
@@ -49,6 +39,43 @@ pub(super) unsafe fn q8_chunk(x: &[f32], out: &mut [i8]) -> f32 {
         }
         d
     }
+}
+
+/// Int8 activations of 32 elements as [`q8_chunk`], in element order into `out[0..32]` (the
+/// prefill tile's layout). Returns d.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn q8_block(x: &[f32], out: &mut [i8]) -> f32 {
+    assert!(x.len() >= 32 && out.len() >= 32);
+    // SAFETY: bounds asserted above.
+    unsafe {
+        let (a, b) = (
+            _mm512_loadu_ps(x.as_ptr()),
+            _mm512_loadu_ps(x.as_ptr().add(16)),
+        );
+        let (d, m) = q8_scale(a, b);
+        let q = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, m)));
+        _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, q);
+        let q = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, m)));
+        _mm_storeu_si128(out.as_mut_ptr().add(16) as *mut __m128i, q);
+        d
+    }
+}
+
+/// (d, 1/d as a vector) of the 32 activations in `a` and `b`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn q8_scale(a: __m512, b: __m512) -> (f32, __m512) {
+    let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    // A NaN or infinity in the block makes d NaN, so the outputs turn NaN as the f32
+    // kernels' would, instead of the block silently counting as zero.
+    let (d, inv) = if !max.is_finite() {
+        (f32::NAN, 0.0)
+    } else if max > 0.0 {
+        (max / 127.0, 127.0 / max)
+    } else {
+        (0.0, 0.0)
+    };
+    (d, _mm512_set1_ps(inv))
 }
 
 /// Affine 4-bit rows with int8 activations; other widths go to [`affine_rows`] (f32).

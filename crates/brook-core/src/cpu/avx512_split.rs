@@ -105,27 +105,67 @@ pub(super) unsafe fn split_chunk(x: &[f32], out: &mut [i8]) -> f32 {
             _mm512_loadu_ps(x.as_ptr()),
             _mm512_loadu_ps(x.as_ptr().add(16)),
         );
-        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-        let e = ((max.to_bits() >> 23) as i32 - 126).clamp(-100, 127);
-        let m = _mm512_set1_ps(f32::from_bits(((22 - e + 127) as u32) << 23));
-        let inv = f32::from_bits(((e - 22 + 127) as u32) << 23);
+        let (m, inv) = split_scale(a, b);
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-        let (c128, c255) = (_mm512_set1_epi32(128), _mm512_set1_epi32(255));
-        let low =
-            |v: __m512i| _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128);
         for (idx, off) in [(even, 0), (odd, 64)] {
-            let v = _mm512_permutex2var_ps(a, idx, b);
-            let big = _mm512_cvtps_epi32(_mm512_mul_ps(v, m));
-            let d0 = low(big);
-            let r = _mm512_srai_epi32::<8>(_mm512_sub_epi32(big, d0));
-            let d1 = low(r);
-            let d2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(r, d1));
-            let o = out.as_mut_ptr().add(off);
-            _mm_storeu_si128(o as *mut __m128i, _mm512_cvtepi32_epi8(d2));
-            _mm_storeu_si128(o.add(128) as *mut __m128i, _mm512_cvtepi32_epi8(d1));
-            _mm_storeu_si128(o.add(256) as *mut __m128i, _mm512_cvtepi32_epi8(d0));
+            let d = split16(_mm512_permutex2var_ps(a, idx, b), m);
+            for (k, dk) in d.into_iter().enumerate() {
+                _mm_storeu_si128(out.as_mut_ptr().add(off + 128 * k) as *mut __m128i, dk);
+            }
         }
         inv
     }
+}
+
+/// Split24 digits of 32 activations as [`split_chunk`], in element order: `out[0..32]` d₂,
+/// `[32..64]` d₁, `[64..96]` d₀ (the prefill tile's layout). Returns 2^(e−22).
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn split_block(x: &[f32], out: &mut [i8]) -> f32 {
+    assert!(x.len() >= 32 && out.len() >= 96);
+    // SAFETY: bounds asserted above.
+    unsafe {
+        let (a, b) = (
+            _mm512_loadu_ps(x.as_ptr()),
+            _mm512_loadu_ps(x.as_ptr().add(16)),
+        );
+        let (m, inv) = split_scale(a, b);
+        for (v, off) in [(a, 0), (b, 16)] {
+            for (k, dk) in split16(v, m).into_iter().enumerate() {
+                _mm_storeu_si128(out.as_mut_ptr().add(off + 32 * k) as *mut __m128i, dk);
+            }
+        }
+        inv
+    }
+}
+
+/// The shared power of two of the 32 activations in `a` and `b`: (2^(22−e), 2^(e−22)).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn split_scale(a: __m512, b: __m512) -> (__m512, f32) {
+    let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    let e = ((max.to_bits() >> 23) as i32 - 126).clamp(-100, 127);
+    (
+        _mm512_set1_ps(f32::from_bits(((22 - e + 127) as u32) << 23)),
+        f32::from_bits(((e - 22 + 127) as u32) << 23),
+    )
+}
+
+/// The balanced digits [d₂, d₁, d₀] of round(v·m) for 16 activations, as bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+unsafe fn split16(v: __m512, m: __m512) -> [__m128i; 3] {
+    let (c128, c255) = (_mm512_set1_epi32(128), _mm512_set1_epi32(255));
+    let low =
+        |v: __m512i| _mm512_sub_epi32(_mm512_and_si512(_mm512_add_epi32(v, c128), c255), c128);
+    let big = _mm512_cvtps_epi32(_mm512_mul_ps(v, m));
+    let d0 = low(big);
+    let r = _mm512_srai_epi32::<8>(_mm512_sub_epi32(big, d0));
+    let d1 = low(r);
+    let d2 = _mm512_srai_epi32::<8>(_mm512_sub_epi32(r, d1));
+    [
+        _mm512_cvtepi32_epi8(d2),
+        _mm512_cvtepi32_epi8(d1),
+        _mm512_cvtepi32_epi8(d0),
+    ]
 }

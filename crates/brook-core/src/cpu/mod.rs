@@ -8,7 +8,8 @@
 //!
 //! Layout: `simd` (level detection); `qmatvec` / `qmatmul` (kernels, with x86 inner loops in
 //! `avx2`, `avx512`, `avx512_split` for Split24, `avx512_q8` for
-//! `Precision::Fast` and `avx512_mm` for prefill tiles); `pool`
+//! `Precision::Fast`, `avx512_mm` for prefill tiles and `avx512_vnni_mm` for prefill at
+//! Split24 and Fast); `pool`
 //! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
 //! pool job); `mixer`, `moe`, `model` (the forward pass).
 
@@ -23,6 +24,8 @@ mod avx512_mm;
 mod avx512_q8;
 #[cfg(target_arch = "x86_64")]
 mod avx512_split;
+#[cfg(target_arch = "x86_64")]
+mod avx512_vnni_mm;
 pub mod delta;
 pub mod exec;
 pub mod mixer;
@@ -40,7 +43,7 @@ mod xprep;
 pub use model::{CpuModel, CpuOptions};
 pub use moe::{SwigluScratch, expert_swiglu};
 pub use pool::CpuPool;
-pub use qmatmul::{XBatch, qmatmul, qmatmul_pool};
+pub use qmatmul::{XBatch, qmatmul, qmatmul_at, qmatmul_pool, qmatmul_pool_at};
 pub use qmatvec::{
     Precision, XPrep, check, dequant_row, matvec_rows, qmatvec, qmatvec_pool, qmatvec_pool_at,
 };

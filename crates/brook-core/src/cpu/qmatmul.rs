@@ -4,8 +4,10 @@
 //! is unpacked once into an f32 tile on the stack (≤ 128 KiB, so it stays in L2) and then
 //! multiplied with every token of the chunk by a register-tiled 4×4 (rows × tokens) kernel.
 //! 4-bit rows are unpacked in the same lane order as the x86 matvec and the tokens are
-//! permuted to match, so no interleave is needed. It must not allocate per call for widths up
-//! to 32768 or know about models. It mirrors [`crate::linear::LinearRef::forward_rows`], which
+//! permuted to match, so no interleave is needed. At [`Precision::Split24`] and
+//! [`Precision::Fast`] on AVX-512 VNNI, 4-bit matrices instead take the integer tile of
+//! `avx512_vnni_mm.rs` on the batch's activation digits. It must not allocate per call for
+//! widths up to 32768 or know about models. It mirrors [`crate::linear::LinearRef::forward_rows`], which
 //! also dequantizes each row once for all tokens.
 
 use std::cell::RefCell;
@@ -13,7 +15,7 @@ use std::ops::Range;
 
 use crate::cpu::SimdLevel;
 use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
-use crate::cpu::qmatvec::{check, dequant_row, dot};
+use crate::cpu::qmatvec::{Affine, Precision, check, dequant_row, dot};
 use crate::error::{Error, Result};
 use crate::linear::{LinearRef, MatRef};
 
@@ -32,6 +34,10 @@ pub struct XBatch {
     x: Vec<f32>,     // [t, n]
     lanes: Vec<f32>, // [t, npad]: each row in the 4-bit lane order of `level`
     npad: usize,
+    nd: usize,       // digits per element in `digits`: 0 (none), 1 (Fast) or 3 (Split24)
+    digits: Vec<i8>, // [t, n/32, nd, 32]: each 32-block's digits in element order
+    coef: Vec<f32>,  // [t, n/32, nd]: the factor of each digit's sums
+    sums: [Vec<f32>; 3], // [t, n/g] for g = 32, 64, 128: Σx per group (empty if g ∤ n)
 }
 
 impl XBatch {
@@ -39,9 +45,23 @@ impl XBatch {
         Self::default()
     }
 
-    /// Prepares x [t, n] (t = x.len() / n).
+    /// Prepares x [t, n] (t = x.len() / n) for f32 products.
     pub fn prepare(&mut self, level: SimdLevel, x: &[f32], n: usize) {
+        self.prepare_with(level, Precision::F32, x, n)
+    }
+
+    /// Prepares x [t, n] (t = x.len() / n) for products at `precision`: Split24 and Fast add
+    /// the activation digits of the VNNI tile where this CPU has it and 32 divides n.
+    pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32], n: usize) {
         let t = x.len() / n.max(1);
+        self.nd = 0;
+        if precision != Precision::F32
+            && level == SimdLevel::Avx512
+            && SimdLevel::has_vnni()
+            && n.is_multiple_of(32)
+        {
+            self.fill_digits(precision, &x[..t * n], n);
+        }
         self.level = Some(level);
         self.t = t;
         self.n = n;
@@ -49,7 +69,8 @@ impl XBatch {
         self.x.extend_from_slice(&x[..t * n]);
         let lanes = lanes_of(level);
         self.lanes.clear();
-        if lanes == 0 {
+        // With digits, every 4-bit matrix the lane order serves takes the integer tile.
+        if lanes == 0 || self.nd > 0 {
             self.npad = n;
             return;
         }
@@ -74,6 +95,47 @@ impl XBatch {
     /// Tokens prepared.
     pub fn tokens(&self) -> usize {
         self.t
+    }
+
+    /// The digits and group sums of [`XBatch::prepare_with`] (VNNI only).
+    fn fill_digits(&mut self, precision: Precision, x: &[f32], n: usize) {
+        let nd = if precision == Precision::Split24 {
+            3
+        } else {
+            1
+        };
+        let blocks = x.len() / 32;
+        self.digits.clear();
+        self.digits.resize(blocks * nd * 32, 0);
+        self.coef.clear();
+        self.coef.resize(blocks * nd, 0.0);
+        for ((xc, out), cf) in x
+            .chunks_exact(32)
+            .zip(self.digits.chunks_exact_mut(nd * 32))
+            .zip(self.coef.chunks_exact_mut(nd))
+        {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: only called with VNNI (hence AVX-512) present; `xc` holds 32 floats and
+            // `out` 32·nd bytes.
+            unsafe {
+                if nd == 3 {
+                    let inv = super::avx512_split::split_block(xc, out);
+                    cf.copy_from_slice(&[inv * 65536.0, inv * 256.0, inv]);
+                } else {
+                    cf[0] = super::avx512_q8::q8_block(xc, out);
+                }
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (xc, out, cf);
+        }
+        for (k, g) in [32usize, 64, 128].into_iter().enumerate() {
+            let sums = &mut self.sums[k];
+            sums.clear();
+            if n.is_multiple_of(g) {
+                sums.extend(x.chunks_exact(g).map(|c| c.iter().sum::<f32>()));
+            }
+        }
+        self.nd = nd;
     }
 }
 
@@ -107,8 +169,28 @@ pub unsafe fn matmul_rows(
     } else {
         SimdLevel::Portable
     };
+    #[cfg(target_arch = "x86_64")]
+    if xb.nd > 0
+        && level == SimdLevel::Avx512
+        && let Some(a) = Affine::of(w)
+        && a.bits == 4
+        && let Some(k) = [32, 64, 128].iter().position(|&g| g == a.group)
+    {
+        let x = super::avx512_vnni_mm::Digits {
+            nd: xb.nd,
+            bytes: &xb.digits,
+            coef: &xb.coef,
+            sums: &xb.sums[k],
+        };
+        // SAFETY: digits are only prepared with VNNI present; `w` passed `check`, the batch
+        // holds t tokens of n = 32·blocks and Y t·out elements (asserted above); the caller
+        // gave us columns `rows` alone.
+        unsafe { super::avx512_vnni_mm::matmul_rows(&a, x, t, out, y, rows) };
+        return;
+    }
     let lane_order = matches!(w.mat, MatRef::Affine { spec, .. } if spec.bits == 4)
         && lanes_of(level) > 0
+        && !xb.lanes.is_empty()
         && xb.npad <= TILE;
     let (xs, stride) = if lane_order {
         (&xb.lanes[..], xb.npad)
@@ -251,8 +333,20 @@ pub fn qmatmul(
     y: &mut [f32],
     xb: &mut XBatch,
 ) -> Result<()> {
+    qmatmul_at(level, Precision::F32, w, x, y, xb)
+}
+
+/// [`qmatmul`] at a chosen [`Precision`].
+pub fn qmatmul_at(
+    level: SimdLevel,
+    precision: Precision,
+    w: &LinearRef<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    xb: &mut XBatch,
+) -> Result<()> {
     check_shapes(w, x, y)?;
-    xb.prepare(level, x, w.in_features);
+    xb.prepare_with(level, precision, x, w.in_features);
     // SAFETY: one thread writes every column.
     unsafe { matmul_rows(level, w, xb, SharedMut::new(y), 0..w.out_features) };
     Ok(())
@@ -267,8 +361,21 @@ pub fn qmatmul_pool(
     y: &mut [f32],
     xb: &mut XBatch,
 ) -> Result<()> {
+    qmatmul_pool_at(pool, level, Precision::F32, w, x, y, xb)
+}
+
+/// [`qmatmul_pool`] at a chosen [`Precision`].
+pub fn qmatmul_pool_at(
+    pool: &CpuPool,
+    level: SimdLevel,
+    precision: Precision,
+    w: &LinearRef<'_>,
+    x: &[f32],
+    y: &mut [f32],
+    xb: &mut XBatch,
+) -> Result<()> {
     check_shapes(w, x, y)?;
-    xb.prepare(level, x, w.in_features);
+    xb.prepare_with(level, precision, x, w.in_features);
     let (ys, xb) = (SharedMut::new(y), &*xb);
     let chunks = Chunks::new(w.out_features, 16);
     pool.run(&|_| {

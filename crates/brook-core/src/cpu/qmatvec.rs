@@ -36,7 +36,29 @@ pub(crate) struct Affine<'a> {
     pub biases: &'a [u8], // [out, n/group] of `float`
 }
 
-impl Affine<'_> {
+impl<'a> Affine<'a> {
+    /// The affine matrix of `w`, or `None` for a float one.
+    pub fn of(w: &LinearRef<'a>) -> Option<Self> {
+        match w.mat {
+            MatRef::Affine {
+                spec,
+                float,
+                packed,
+                scales,
+                biases,
+            } => Some(Affine {
+                bits: spec.bits,
+                group: spec.group_size,
+                float,
+                n: w.in_features,
+                packed,
+                scales,
+                biases,
+            }),
+            MatRef::Float { .. } => None,
+        }
+    }
+
     #[inline]
     pub fn row_bytes(&self) -> usize {
         (self.n * self.bits as usize) >> 3

@@ -4,10 +4,12 @@
 
 use crate::cpu::SimdLevel;
 
-/// How the decode matvec multiplies 4-bit weights with the activations.
+/// How the 4-bit products multiply weights with the activations: the decode matvec, and the
+/// prefill matmul (which at Split24 and Fast runs the integer tile of `avx512_vnni_mm.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
-    /// f32 products and sums (FMA), as the reference.
+    /// f32 products and sums (FMA), as the reference. (The forward pass's prefill at this
+    /// precision takes Split24's tile where VNNI exists: `Exec::batch_precision`.)
     #[default]
     F32,
     /// Each activation x is written exactly to 2^-23 of its 32-element block's largest |x|
