@@ -62,18 +62,7 @@ impl Exec<'_> {
         if outs.len() > MAX_TASKS {
             return Err(Error::Invalid(format!("{} linears in one job", outs.len())));
         }
-        let n = x.len() / t;
-        for (w, y) in outs.iter() {
-            check(w)?;
-            if w.in_features != n || x.len() != t * n || y.len() < t * w.out_features {
-                return Err(Error::Invalid(format!(
-                    "linear [{}, {}] given {t} rows of {n} and an output of {}",
-                    w.out_features,
-                    w.in_features,
-                    y.len()
-                )));
-            }
-        }
+        let n = check_outs(x, t, outs)?;
         if t == 1 {
             s.prep.prepare_with(self.level, self.precision, x);
         } else {
@@ -120,4 +109,44 @@ impl Exec<'_> {
         });
         Ok(())
     }
+
+    /// [`Exec::linears`] for a chunk of t ≥ 1 tokens on the calling thread alone (a pool job
+    /// running one whole expert per thread), with x prepared into `xb`.
+    pub fn linears_here(
+        &self,
+        x: &[f32],
+        t: usize,
+        xb: &mut XBatch,
+        outs: &mut [(LinearRef<'_>, &mut [f32])],
+    ) -> Result<()> {
+        if outs.is_empty() || t == 0 {
+            return Ok(());
+        }
+        let n = check_outs(x, t, outs)?;
+        xb.prepare_with(self.level, self.batch_precision(), x, n);
+        for (w, y) in outs.iter_mut() {
+            let out = w.out_features;
+            // SAFETY: this thread alone holds `y` (a unique borrow); matmul writes its T·out
+            // elements, which `check_outs` verified it has.
+            unsafe { matmul_rows(self.level, w, xb, SharedMut::new(&mut y[..t * out]), 0..out) };
+        }
+        Ok(())
+    }
+}
+
+/// Checks every (W, y) of `outs` against x [t, n] and returns n.
+fn check_outs(x: &[f32], t: usize, outs: &[(LinearRef<'_>, &mut [f32])]) -> Result<usize> {
+    let n = x.len() / t;
+    for (w, y) in outs.iter() {
+        check(w)?;
+        if w.in_features != n || x.len() != t * n || y.len() < t * w.out_features {
+            return Err(Error::Invalid(format!(
+                "linear [{}, {}] given {t} rows of {n} and an output of {}",
+                w.out_features,
+                w.in_features,
+                y.len()
+            )));
+        }
+    }
+    Ok(n)
 }

@@ -10,11 +10,15 @@
 //! one-token path or index packed bytes. Mirrors [`crate::model::moe::forward`] (routes are identical;
 //! sums differ in order only).
 
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
 use crate::config::ModelConfig;
 use crate::cpu::SimdLevel;
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{route_top_k, swiglu_act};
-use crate::cpu::pool::SharedMut;
+use crate::cpu::pool::{Chunks, SharedMut};
+use crate::cpu::qmatmul::XBatch;
 use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec};
 use crate::error::{Error, Result};
 use crate::model::PREFETCH_GUESSES;
@@ -74,9 +78,24 @@ pub struct MoeScratch {
     bucket: Vec<(usize, f32)>,  // [C·k] (token, weight) grouped by expert
     start: Vec<usize>,          // [E+1] bucket offsets
     cursor: Vec<usize>,         // [E] placement cursor
-    xe: Vec<f32>,               // [C, H] tokens routed to one expert
-    ye: Vec<f32>,               // [C or k+1, H] that expert's outputs; then the shared expert's
+    ye: Vec<f32>,               // [C·k or k+1, H] expert outputs (prefill: in bucket order)
+    slots: Vec<(usize, f32)>,   // [C·k] per token, (bucket position, weight) by ascending expert
+    lanes: Vec<Mutex<Lane>>,    // [threads] prefill: one expert at a time per thread
     sched: Vec<usize>,          // [3(k+1)] one-token schedule counters
+}
+
+/// Tokens of one expert a prefill lane computes at once (more are done in turns).
+const LANE_TOKENS: usize = 64;
+
+/// One thread's buffers for whole experts in prefill: its tokens' inputs, gate and up
+/// outputs, and their prepared forms.
+#[derive(Debug, Default)]
+struct Lane {
+    xe: Vec<f32>, // [LANE_TOKENS, H]
+    hg: Vec<f32>, // [LANE_TOKENS, I]
+    hu: Vec<f32>, // [LANE_TOKENS, I]
+    xa: XBatch,
+    xh: XBatch,
 }
 
 impl MoeScratch {
@@ -103,8 +122,9 @@ impl MoeScratch {
             bucket: vec![(0, 0.0); chunk * k],
             start: vec![0; e + 1],
             cursor: vec![0; e],
-            xe: vec![0.0; chunk * h],
-            ye: vec![0.0; rows * h],
+            ye: vec![0.0; (chunk * k).max(k + 1) * h],
+            slots: vec![(0, 0.0); chunk * k],
+            lanes: Vec::new(),
             sched: vec![0; 3 * (k + 1)],
         }
     }
@@ -534,18 +554,37 @@ fn prefill(
     }
     s.cursor.copy_from_slice(&s.start[..e_n]);
     for ti in 0..t {
-        for j in 0..k {
+        let slots = &mut s.slots[ti * k..(ti + 1) * k];
+        for (j, slot) in slots.iter_mut().enumerate() {
             let e = s.sel[ti * k + j];
             s.bucket[s.cursor[e]] = (ti, s.wts[ti * k + j]);
+            *slot = (s.cursor[e], s.wts[ti * k + j]);
             s.cursor[e] += 1;
         }
+        // Bucket positions grow with the expert id: ascending expert order.
+        slots.sort_unstable_by_key(|&(pos, _)| pos);
     }
     s.needed.clear();
     s.needed
         .extend((0..e_n).filter(|&e| s.start[e + 1] > s.start[e]));
+    let threads = ex.pool.threads();
+    if s.lanes.len() < threads {
+        s.lanes.resize_with(threads, || {
+            Mutex::new(Lane {
+                xe: vec![0.0; LANE_TOKENS * h],
+                hg: vec![0.0; LANE_TOKENS * i_w],
+                hu: vec![0.0; LANE_TOKENS * i_w],
+                ..Lane::default()
+            })
+        });
+    }
     // Fetch in ascending batches no larger than the source holds at once (every expert read
-    // at most once per chunk); each token's sum runs in ascending expert order either way.
+    // at most once per chunk). Each thread claims whole experts and computes them alone
+    // (no pool job per matrix: at ~16 tokens an expert's rows split over threads ran at two
+    // thirds of one thread's rate), writing each token's output at its bucket position.
     let batch = experts.capacity().max(1);
+    let failed: Mutex<Option<Error>> = Mutex::new(None);
+    let ye = SharedMut::new(&mut s.ye[..t * k * h]);
     let mut from = 0;
     while from < s.needed.len() {
         let to = (from + batch).min(s.needed.len());
@@ -556,40 +595,97 @@ fn prefill(
                 "expert source returned too few experts".into(),
             ));
         }
-        for idx in from..to {
-            let e = s.needed[idx];
-            s.handles[idx - from].wait()?;
-            let v = s.handles[idx - from].view();
-            let (a, b) = (s.start[e], s.start[e + 1]);
-            let n = b - a;
-            for (r, &(ti, _)) in s.bucket[a..b].iter().enumerate() {
-                s.xe[r * h..(r + 1) * h].copy_from_slice(&x[ti * h..(ti + 1) * h]);
-            }
-            ex.linears(
-                &s.xe[..n * h],
-                n,
-                &mut s.xs,
-                &mut [
-                    (v.gate_proj, &mut s.hg[..n * i_w]),
-                    (v.up_proj, &mut s.hu[..n * i_w]),
-                ],
-            )?;
-            swiglu_act(&mut s.hg[..n * i_w], &s.hu[..n * i_w]);
-            ex.linears(
-                &s.hg[..n * i_w],
-                n,
-                &mut s.hs,
-                &mut [(v.down_proj, &mut s.ye[..n * h])],
-            )?;
-            for (r, &(ti, we)) in s.bucket[a..b].iter().enumerate() {
-                let o = &mut out[ti * h..(ti + 1) * h];
-                for (oi, yi) in o.iter_mut().zip(&s.ye[r * h..(r + 1) * h]) {
-                    *oi += we * yi;
+        let next = AtomicUsize::new(from);
+        let (needed, handles, start, bucket, lanes) =
+            (&s.needed, &s.handles, &s.start, &s.bucket, &s.lanes);
+        ex.pool.run(&|tid| {
+            let mut lane = lanes[tid].lock().unwrap_or_else(|p| p.into_inner());
+            loop {
+                let idx = next.fetch_add(1, Ordering::Relaxed);
+                if idx >= to {
+                    break;
+                }
+                let e = needed[idx];
+                let (a, b) = (start[e], start[e + 1]);
+                let r = whole_expert(
+                    ex,
+                    &handles[idx - from],
+                    x,
+                    h,
+                    &bucket[a..b],
+                    &mut lane,
+                    |p| {
+                        // SAFETY: expert e alone owns bucket positions a..b, so these rows of
+                        // `ye` are written by this thread only.
+                        unsafe { ye.slice((a + p.start) * h..(a + p.end) * h) }
+                    },
+                );
+                if let Err(err) = r {
+                    failed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get_or_insert(err);
+                    break;
                 }
             }
+        });
+        if let Some(err) = failed.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            return Err(err);
         }
         from = to;
     }
+    // Each token's sum in ascending expert order (the order is part of the result: the same
+    // at every cache size and thread count), tokens split over the threads.
+    let (outs, ye, slots) = (SharedMut::new(&mut out[..t * h]), &s.ye, &s.slots);
+    let chunks = Chunks::new(t, 4);
+    ex.pool.run(&|_| {
+        while let Some(tokens) = chunks.claim() {
+            for ti in tokens {
+                // SAFETY: token ti's row of `out` belongs to this claim alone.
+                let o = unsafe { outs.slice(ti * h..(ti + 1) * h) };
+                for &(pos, we) in &slots[ti * k..(ti + 1) * k] {
+                    for (oi, yi) in o.iter_mut().zip(&ye[pos * h..(pos + 1) * h]) {
+                        *oi += we * yi;
+                    }
+                }
+            }
+        }
+    });
     s.handles.clear();
+    Ok(())
+}
+
+/// One routed expert over its tokens (`rows`: (token, weight) in bucket order) on the calling
+/// thread, LANE_TOKENS at a time: gather, gate and up, SwiGLU, down into `ye(tokens)`.
+fn whole_expert<'y>(
+    ex: &Exec<'_>,
+    handle: &ExpertHandle,
+    x: &[f32],
+    h: usize,
+    rows: &[(usize, f32)],
+    lane: &mut Lane,
+    ye: impl Fn(std::ops::Range<usize>) -> &'y mut [f32],
+) -> Result<()> {
+    handle.wait()?;
+    let v = handle.view();
+    let iw = v.gate_proj.out_features;
+    let Lane { xe, hg, hu, xa, xh } = lane;
+    for p in (0..rows.len()).step_by(LANE_TOKENS) {
+        let n = LANE_TOKENS.min(rows.len() - p);
+        for (r, &(ti, _)) in rows[p..p + n].iter().enumerate() {
+            xe[r * h..(r + 1) * h].copy_from_slice(&x[ti * h..(ti + 1) * h]);
+        }
+        ex.linears_here(
+            &xe[..n * h],
+            n,
+            xa,
+            &mut [
+                (v.gate_proj, &mut hg[..n * iw]),
+                (v.up_proj, &mut hu[..n * iw]),
+            ],
+        )?;
+        swiglu_act(&mut hg[..n * iw], &hu[..n * iw]);
+        ex.linears_here(&hg[..n * iw], n, xh, &mut [(v.down_proj, ye(p..p + n))])?;
+    }
     Ok(())
 }

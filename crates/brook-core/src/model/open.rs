@@ -117,8 +117,14 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
     let (h, conv) = (cfg.hidden_size, cfg.conv_dim());
     let vd = cfg.linear_num_value_heads * cfg.linear_value_head_dim;
     let qd = cfg.num_attention_heads * cfg.head_dim * 3;
+    let k = cfg.num_experts_per_tok;
     let per_token = 8 * h + 4 * conv + 5 * vd + qd + context.min(chunk + 1) + cfg.num_experts;
-    let scratch = chunk * per_token * 4 + 3 * cfg.vocab_size * 4;
+    // Prefill keeps every routed expert's output (k·H per token, in place of one expert's
+    // input and output), and each thread one expert's 64 tokens (cpu/moe.rs, `Lane`).
+    let routed = chunk * k.saturating_sub(2) * h;
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let lanes = threads * 64 * (h + 2 * cfg.moe_intermediate_size);
+    let scratch = (chunk * per_token + routed + lanes) * 4 + 3 * cfg.vocab_size * 4;
     (kv + delta + scratch) as u64
 }
 
