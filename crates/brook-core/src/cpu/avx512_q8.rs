@@ -42,9 +42,9 @@ pub(super) unsafe fn q8_chunk(x: &[f32], out: &mut [i8]) -> f32 {
 }
 
 /// Int8 activations of 32 elements as [`q8_chunk`], in element order into `out[0..32]` (the
-/// prefill tile's layout). Returns d.
+/// prefill tile's layout). Returns (d, Σx).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-pub(super) unsafe fn q8_block(x: &[f32], out: &mut [i8]) -> f32 {
+pub(super) unsafe fn q8_block(x: &[f32], out: &mut [i8]) -> (f32, f32) {
     assert!(x.len() >= 32 && out.len() >= 32);
     // SAFETY: bounds asserted above.
     unsafe {
@@ -57,7 +57,7 @@ pub(super) unsafe fn q8_block(x: &[f32], out: &mut [i8]) -> f32 {
         _mm_storeu_si128(out.as_mut_ptr() as *mut __m128i, q);
         let q = _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, m)));
         _mm_storeu_si128(out.as_mut_ptr().add(16) as *mut __m128i, q);
-        d
+        (d, _mm512_reduce_add_ps(_mm512_add_ps(a, b)))
     }
 }
 

@@ -119,9 +119,9 @@ pub(super) unsafe fn split_chunk(x: &[f32], out: &mut [i8]) -> f32 {
 }
 
 /// Split24 digits of 32 activations as [`split_chunk`], in element order: `out[0..32]` d₂,
-/// `[32..64]` d₁, `[64..96]` d₀ (the prefill tile's layout). Returns 2^(e−22).
+/// `[32..64]` d₁, `[64..96]` d₀ (the prefill tile's layout). Returns (2^(e−22), Σx).
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-pub(super) unsafe fn split_block(x: &[f32], out: &mut [i8]) -> f32 {
+pub(super) unsafe fn split_block(x: &[f32], out: &mut [i8]) -> (f32, f32) {
     assert!(x.len() >= 32 && out.len() >= 96);
     // SAFETY: bounds asserted above.
     unsafe {
@@ -135,7 +135,7 @@ pub(super) unsafe fn split_block(x: &[f32], out: &mut [i8]) -> f32 {
                 _mm_storeu_si128(out.as_mut_ptr().add(off + 32 * k) as *mut __m128i, dk);
             }
         }
-        inv
+        (inv, _mm512_reduce_add_ps(_mm512_add_ps(a, b)))
     }
 }
 

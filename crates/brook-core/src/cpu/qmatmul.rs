@@ -109,30 +109,38 @@ impl XBatch {
         self.digits.resize(blocks * nd * 32, 0);
         self.coef.clear();
         self.coef.resize(blocks * nd, 0.0);
-        for ((xc, out), cf) in x
+        let s32 = &mut self.sums[0];
+        s32.clear();
+        s32.resize(blocks, 0.0);
+        for (((xc, out), cf), sum) in x
             .chunks_exact(32)
             .zip(self.digits.chunks_exact_mut(nd * 32))
             .zip(self.coef.chunks_exact_mut(nd))
+            .zip(s32.iter_mut())
         {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: only called with VNNI (hence AVX-512) present; `xc` holds 32 floats and
             // `out` 32·nd bytes.
             unsafe {
                 if nd == 3 {
-                    let inv = super::avx512_split::split_block(xc, out);
+                    let (inv, s) = super::avx512_split::split_block(xc, out);
                     cf.copy_from_slice(&[inv * 65536.0, inv * 256.0, inv]);
+                    *sum = s;
                 } else {
-                    cf[0] = super::avx512_q8::q8_block(xc, out);
+                    (cf[0], *sum) = super::avx512_q8::q8_block(xc, out);
                 }
             }
             #[cfg(not(target_arch = "x86_64"))]
-            let _ = (xc, out, cf);
+            let _ = (xc, out, cf, sum);
         }
-        for (k, g) in [32usize, 64, 128].into_iter().enumerate() {
-            let sums = &mut self.sums[k];
-            sums.clear();
-            if n.is_multiple_of(g) {
-                sums.extend(x.chunks_exact(g).map(|c| c.iter().sum::<f32>()));
+        // Σx per 64 and 128 from the 32-sums (n is a multiple of 32, so no group straddles
+        // two tokens when g divides n).
+        for k in 1..3 {
+            let (lo, hi) = self.sums.split_at_mut(k);
+            let (prev, next) = (&lo[k - 1], &mut hi[0]);
+            next.clear();
+            if n.is_multiple_of(32 << k) {
+                next.extend(prev.chunks_exact(2).map(|p| p[0] + p[1]));
             }
         }
         self.nd = nd;
