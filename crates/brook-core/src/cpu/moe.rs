@@ -5,7 +5,9 @@
 //! and up, then one pool job ([`Schedule`]) in which each routed expert's gate/up runs as soon
 //! as it lands and each expert's down projection as soon as its activations are ready, into
 //! its own output row; the weighted sum is taken in slot order after. For a chunk, each
-//! needed expert runs once on the tokens routed to it. Experts are fetched once per call
+//! needed expert runs once on the tokens routed to it, whole on one thread (threads claim
+//! experts), into its tokens' bucket positions; each token's sum is taken after, in
+//! ascending expert order. Experts are fetched once per call
 //! through [`ExpertSource::fetch_into`] into a reserved vector. It must not allocate in the
 //! one-token path or index packed bytes. Mirrors [`crate::model::moe::forward`] (routes are identical;
 //! sums differ in order only).
