@@ -323,6 +323,13 @@ fn pool_reraises_a_panicking_job_and_keeps_working() {
     assert_eq!(hits.into_inner(), 2);
 }
 
+/// Activations spanning 8 orders of magnitude, with outliers.
+fn spread_magnitudes(x: &mut [f32]) {
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= 10f32.powi((i % 9) as i32 - 4);
+    }
+}
+
 #[test]
 fn split24_matvec_matches_reference_where_vnni_exists() {
     if !SimdLevel::has_vnni() {
@@ -344,11 +351,8 @@ fn split24_matvec_matches_reference_where_vnni_exists() {
                         float,
                     },
                 );
-                // Activations spanning 8 orders of magnitude, with outliers.
                 let mut x = rng.vec(inp, 1.0);
-                for (i, v) in x.iter_mut().enumerate() {
-                    *v *= 10f32.powi((i % 9) as i32 - 4);
-                }
+                spread_magnitudes(&mut x);
                 let mut want = vec![0.0; out];
                 w.forward_rows(&x, &mut want);
                 let scale = row_scales(&w, &x);
@@ -393,11 +397,8 @@ fn split24_matmul_matches_reference_where_vnni_exists() {
                     float,
                 },
             );
-            // Activations spanning 8 orders of magnitude, with outliers.
             let mut x = rng.vec(t * inp, 1.0);
-            for (i, v) in x.iter_mut().enumerate() {
-                *v *= 10f32.powi((i % 9) as i32 - 4);
-            }
+            spread_magnitudes(&mut x);
             let mut want = vec![0.0; t * out];
             w.forward_rows(&x, &mut want);
             let mut scale = Vec::new();

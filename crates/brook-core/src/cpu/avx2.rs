@@ -11,7 +11,7 @@ use std::ops::Range;
 
 use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, XPrep, unpack_group};
 use crate::dtype::DType;
-use crate::linear::{LinearRef, MatRef};
+use crate::linear::LinearRef;
 
 /// Loads 8 weights of `dtype` starting at element `i` of `p`, widened to f32.
 #[inline]
@@ -268,29 +268,9 @@ pub(super) unsafe fn unpack_row(
     sbuf: &mut [f32],
 ) {
     let n = w.in_features;
-    let MatRef::Affine {
-        spec,
-        float,
-        packed,
-        scales,
-        biases,
-    } = w.mat
-    else {
+    let Some(a) = Affine::of(w).filter(|a| lanes || a.bits == 8) else {
         super::qmatvec::dequant_row(w, r, dst);
         return;
-    };
-    if !lanes && spec.bits != 8 {
-        super::qmatvec::dequant_row(w, r, dst);
-        return;
-    }
-    let a = Affine {
-        bits: spec.bits,
-        group: spec.group_size,
-        float,
-        n,
-        packed,
-        scales,
-        biases,
     };
     let (p, s, b) = a.row(r);
     let (g, ng) = (a.group, a.groups());
@@ -298,8 +278,8 @@ pub(super) unsafe fn unpack_row(
         for gi in 0..ng {
             // SAFETY: group gi's bytes, scale and bias are inside the row (`check`).
             unsafe {
-                let sv = _mm256_set1_ps(scale_at(float, s.as_ptr(), gi));
-                let bv = _mm256_set1_ps(scale_at(float, b.as_ptr(), gi));
+                let sv = _mm256_set1_ps(scale_at(a.float, s.as_ptr(), gi));
+                let bv = _mm256_set1_ps(scale_at(a.float, b.as_ptr(), gi));
                 for off in (gi * g..(gi + 1) * g).step_by(8) {
                     let q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.as_ptr().add(off) as *const _));
                     let v = _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), sv, bv);
@@ -314,8 +294,8 @@ pub(super) unsafe fn unpack_row(
     // SAFETY: sizes asserted above and by `check`.
     unsafe {
         for gi in 0..ng {
-            sb[gi] = scale_at(float, s.as_ptr(), gi);
-            bb[gi] = scale_at(float, b.as_ptr(), gi);
+            sb[gi] = scale_at(a.float, s.as_ptr(), gi);
+            bb[gi] = scale_at(a.float, b.as_ptr(), gi);
         }
         let per = (g / 8) as i32;
         let idx = _mm256_setr_epi32(

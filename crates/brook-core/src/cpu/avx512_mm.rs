@@ -34,20 +34,9 @@ pub(super) unsafe fn unpack_row(
             };
             return;
         }
-        MatRef::Affine {
-            spec,
-            float,
-            packed,
-            scales,
-            biases,
-        } => Affine {
-            bits: spec.bits,
-            group: spec.group_size,
-            float,
-            n,
-            packed,
-            scales,
-            biases,
+        MatRef::Affine { .. } => match Affine::of(w) {
+            Some(a) => a,
+            None => unreachable!("an affine matrix"),
         },
     };
     let (p, s, b) = a.row(r);

@@ -162,21 +162,9 @@ pub fn matvec_rows(
                 _ => float_rows(dtype, data, xp.x(), y),
             }
         }
-        MatRef::Affine {
-            spec,
-            float,
-            packed,
-            scales,
-            biases,
-        } => {
-            let a = Affine {
-                bits: spec.bits,
-                group: spec.group_size,
-                float,
-                n: w.in_features,
-                packed,
-                scales,
-                biases,
+        MatRef::Affine { .. } => {
+            let Some(a) = Affine::of(w) else {
+                unreachable!("an affine matrix")
             };
             match level {
                 #[cfg(target_arch = "x86_64")]
@@ -395,29 +383,17 @@ pub fn dequant_row(w: &LinearRef<'_>, r: usize, out: &mut [f32]) {
             let rb = n * dtype.size();
             widen(dtype, &data[r * rb..(r + 1) * rb], &mut out[..n]);
         }
-        MatRef::Affine {
-            spec,
-            float,
-            packed,
-            scales,
-            biases,
-        } => {
-            let a = Affine {
-                bits: spec.bits,
-                group: spec.group_size,
-                float,
-                n,
-                packed,
-                scales,
-                biases,
+        MatRef::Affine { .. } => {
+            let Some(a) = Affine::of(w) else {
+                unreachable!("an affine matrix")
             };
             let (p, s, b) = a.row(r);
-            let (g, fs) = (a.group, float.size());
+            let (g, fs) = (a.group, a.float.size());
             let gb = g * a.bits as usize / 8;
             let mut sb = [0.0f32; 2];
             for (gi, o) in out[..n].chunks_exact_mut(g).enumerate() {
-                widen(float, &s[gi * fs..(gi + 1) * fs], &mut sb[..1]);
-                widen(float, &b[gi * fs..(gi + 1) * fs], &mut sb[1..]);
+                widen(a.float, &s[gi * fs..(gi + 1) * fs], &mut sb[..1]);
+                widen(a.float, &b[gi * fs..(gi + 1) * fs], &mut sb[1..]);
                 unpack_group(a.bits, &p[gi * gb..(gi + 1) * gb], o);
                 for v in o.iter_mut() {
                     *v = sb[0] * *v + sb[1];
