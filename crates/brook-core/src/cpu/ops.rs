@@ -45,47 +45,23 @@ pub(crate) use simd_fn;
 /// Plain loops, written so the compiler vectorizes them; `#[inline(always)]` so that inside a
 /// `simd_fn!` body they are compiled at that body's SIMD level.
 pub(crate) mod plain {
-    /// Σ a_i b_i, with 64 partial sums (four vectors at AVX-512).
+    /// Σ a_i b_i, with 16 partial sums (one vector at AVX-512).
     #[inline(always)]
     pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-        // Four independent 16-lane chains and a tree sum: one chain and a sequential sum made
-        // a 256-long dot (an attention score) wait on ~30 dependent operations.
-        let mut acc = [[0.0f32; 16]; 4];
-        let (a64, b64) = (a.chunks_exact(64), b.chunks_exact(64));
-        let (a16, b16) = (
-            a64.remainder().chunks_exact(16),
-            b64.remainder().chunks_exact(16),
-        );
-        let tail: f32 = a16
+        let mut acc = [0.0f32; 16];
+        let (ac, bc) = (a.chunks_exact(16), b.chunks_exact(16));
+        let tail: f32 = ac
             .remainder()
             .iter()
-            .zip(b16.remainder())
+            .zip(bc.remainder())
             .map(|(x, y)| x * y)
             .sum();
-        for (x, y) in a64.zip(b64) {
-            for (j, accj) in acc.iter_mut().enumerate() {
-                for l in 0..16 {
-                    accj[l] = x[16 * j + l].mul_add(y[16 * j + l], accj[l]);
-                }
-            }
-        }
-        for (x, y) in a16.zip(b16) {
+        for (x, y) in ac.zip(bc) {
             for l in 0..16 {
-                acc[0][l] = x[l].mul_add(y[l], acc[0][l]);
+                acc[l] = x[l].mul_add(y[l], acc[l]);
             }
         }
-        let mut v = [0.0f32; 16];
-        for (l, vl) in v.iter_mut().enumerate() {
-            *vl = (acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l]);
-        }
-        let mut w = 16;
-        while w > 1 {
-            w /= 2;
-            for l in 0..w {
-                v[l] += v[l + w];
-            }
-        }
-        v[0] + tail
+        acc.iter().sum::<f32>() + tail
     }
 
     /// Σ x_i².
