@@ -7,7 +7,7 @@
 mod common;
 
 use brook_core::Model;
-use brook_core::cpu::attention::attend;
+use brook_core::cpu::attention::{attend, attend_heads};
 use brook_core::cpu::delta::{self, HeadRows};
 use brook_core::cpu::ops::{rms_norm, rope, rope_inv_freq, route_top_k};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
@@ -281,6 +281,49 @@ fn delta_rule_step_and_chunked_match_reference() {
                 assert!(rel_l2(&oh, &want) < TOL, "{level:?} chunked T={t} head {h}");
             }
             assert!(rel_l2(&s, &s_ch) < TOL, "{level:?} chunked T={t} state");
+        }
+    }
+}
+
+#[test]
+fn grouped_attention_equals_attention_per_head() {
+    // The prefill's attention over the query heads of one kv head at once must give each
+    // head exactly what the one-token path gives it.
+    let mut rng = Rng::new(21);
+    let (hd, nkv, group, len) = (80, 3, 4, 37);
+    let keys = rng.vec(len * nkv * hd, 1.0);
+    let values = rng.vec(len * nkv * hd, 1.0);
+    let qs = rng.vec(group * hd, 2.0);
+    for level in SimdLevel::supported() {
+        for (kvh, visible) in [(0, 1), (1, 29), (2, 37)] {
+            let mut scores = vec![0.0; group * len];
+            let mut got = vec![f32::NAN; group * hd];
+            attend_heads(
+                level,
+                &qs,
+                hd,
+                &keys,
+                &values,
+                nkv,
+                kvh,
+                visible,
+                0.1,
+                &mut scores,
+                &mut got,
+            );
+            for (g, qh) in qs.chunks_exact(hd).enumerate() {
+                let mut want = vec![f32::NAN; hd];
+                let mut sc = vec![0.0; len];
+                attend(
+                    level, qh, &keys, &values, nkv, kvh, visible, 0.1, &mut sc, &mut want,
+                );
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got[g * hd..(g + 1) * hd]),
+                    bits(&want),
+                    "{level:?} kv head {kvh}, {visible} visible, head {g}"
+                );
+            }
         }
     }
 }

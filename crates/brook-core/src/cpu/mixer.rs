@@ -3,13 +3,13 @@
 //! Owns their scratch ([`MixerScratch`], sized once for a chunk of tokens) and schedule:
 //! projections as one pool job, the causal conv split over channels, the delta rule split over
 //! value heads (recurrent for one token, chunked for more), attention split over (token,
-//! head) pairs. It reads and writes the reference state layout (conv [K−1, conv_dim] oldest
+//! head) pairs for one token and (token, kv head) for more. It reads and writes the reference state layout (conv [K−1, conv_dim] oldest
 //! first, ssm [nv, dk, dv], keys/values [pos, nkv, hd]) and must not allocate while the KV
 //! cache and score buffers have room. Mirrors [`crate::model::delta_net::forward`] and
 //! [`crate::model::attention::forward`].
 
 use crate::config::ModelConfig;
-use crate::cpu::attention::attend;
+use crate::cpu::attention::{attend, attend_heads};
 use crate::cpu::delta::{self, HeadRows};
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{
@@ -42,7 +42,7 @@ pub struct MixerScratch {
     vv: Vec<f32>,     // [C, nkv·hd]
     q: Vec<f32>,      // [C, nq·hd] normalised, rotated
     gate: Vec<f32>,   // [C, nq·hd]
-    scores: Vec<f32>, // [threads, score_cap]
+    scores: Vec<f32>, // [threads, nq/nkv, score_cap]
     score_cap: usize,
     xs: XScratch,
     ys: XScratch,
@@ -83,7 +83,7 @@ impl MixerScratch {
             vv: vec![0.0; chunk * nkv * hd],
             q: vec![0.0; chunk * nq * hd],
             gate: vec![0.0; chunk * nq * hd],
-            scores: vec![0.0; threads * context],
+            scores: vec![0.0; threads * (nq / nkv.max(1)).max(1) * context],
             score_cap: context,
             xs: XScratch::default(),
             ys: XScratch::default(),
@@ -309,10 +309,42 @@ pub fn attention(
     if need > s.score_cap {
         // Past the context reserved at construction: grow (amortized), allocating once.
         s.score_cap = need.next_power_of_two();
-        s.scores.resize(s.threads * s.score_cap, 0.0);
+        s.scores.resize(s.threads * (nq / nkv) * s.score_cap, 0.0);
     }
     let (scale, group, cap) = ((hd as f32).powf(-0.5), nq / nkv, s.score_cap);
-    {
+    if t > 1 {
+        // A chunk: one unit per (token, kv head), its `group` query heads together.
+        let (att, sc) = (
+            SharedMut::new(&mut s.y[..t * nq * hd]),
+            SharedMut::new(&mut s.scores[..]),
+        );
+        let (q, keys, values) = (&s.q, &keys[..], &values[..]);
+        let units = Chunks::new(t * nkv, 1);
+        ex.pool.run(&|tid| {
+            // SAFETY: thread `tid` owns score rows tid·group..; each (token, kv head) unit is
+            // claimed by one thread only, and so are its heads' output rows.
+            let scores = unsafe { sc.slice(tid * group * cap..(tid + 1) * group * cap) };
+            while let Some(us) = units.claim() {
+                let (ti, kvh) = (us.start / nkv, us.start % nkv);
+                let rows = (ti * nq + kvh * group) * hd..(ti * nq + (kvh + 1) * group) * hd;
+                // SAFETY: this unit's rows are ours alone (see above).
+                let o = unsafe { att.slice(rows.clone()) };
+                attend_heads(
+                    level,
+                    &q[rows],
+                    hd,
+                    keys,
+                    values,
+                    nkv,
+                    kvh,
+                    pos0 + ti + 1,
+                    scale,
+                    scores,
+                    o,
+                );
+            }
+        });
+    } else {
         let (att, sc) = (
             SharedMut::new(&mut s.y[..t * nq * hd]),
             SharedMut::new(&mut s.scores[..]),
