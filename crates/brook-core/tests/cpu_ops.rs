@@ -7,7 +7,7 @@
 mod common;
 
 use brook_core::Model;
-use brook_core::cpu::attention::{attend, attend_heads};
+use brook_core::cpu::attention::attend;
 use brook_core::cpu::delta::{self, HeadRows};
 use brook_core::cpu::ops::{rms_norm, rope, rope_inv_freq, route_top_k};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
@@ -156,6 +156,7 @@ fn attention_over_a_cache_matches_a_direct_softmax() {
             attend(
                 level,
                 &q,
+                hd,
                 &keys,
                 &values,
                 nkv,
@@ -288,7 +289,7 @@ fn delta_rule_step_and_chunked_match_reference() {
 #[test]
 fn grouped_attention_equals_attention_per_head() {
     // The prefill's attention over the query heads of one kv head at once must give each
-    // head exactly what the one-token path gives it.
+    // head exactly what the one-token path (one head per call) gives it.
     let mut rng = Rng::new(21);
     let (hd, nkv, group, len) = (80, 3, 4, 37);
     let keys = rng.vec(len * nkv * hd, 1.0);
@@ -298,7 +299,7 @@ fn grouped_attention_equals_attention_per_head() {
         for (kvh, visible) in [(0, 1), (1, 29), (2, 37)] {
             let mut scores = vec![0.0; group * len];
             let mut got = vec![f32::NAN; group * hd];
-            attend_heads(
+            attend(
                 level,
                 &qs,
                 hd,
@@ -315,7 +316,7 @@ fn grouped_attention_equals_attention_per_head() {
                 let mut want = vec![f32::NAN; hd];
                 let mut sc = vec![0.0; len];
                 attend(
-                    level, qh, &keys, &values, nkv, kvh, visible, 0.1, &mut sc, &mut want,
+                    level, qh, hd, &keys, &values, nkv, kvh, visible, 0.1, &mut sc, &mut want,
                 );
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 assert_eq!(

@@ -3,13 +3,13 @@
 //! Owns their scratch ([`MixerScratch`], sized once for a chunk of tokens) and schedule:
 //! projections as one pool job, the causal conv split over channels, the delta rule split over
 //! value heads (recurrent for one token, chunked for more), attention split over (token,
-//! head) pairs for one token and (token, kv head) for more. It reads and writes the reference state layout (conv [K−1, conv_dim] oldest
-//! first, ssm [nv, dk, dv], keys/values [pos, nkv, hd]) and must not allocate while the KV
-//! cache and score buffers have room. Mirrors [`crate::model::delta_net::forward`] and
-//! [`crate::model::attention::forward`].
+//! head) pairs for one token and (token, kv head) for more. It reads and writes the reference
+//! state layout (conv [K−1, conv_dim] oldest first, ssm [nv, dk, dv], keys/values
+//! [pos, nkv, hd]) and must not allocate while the KV cache and score buffers have room.
+//! Mirrors [`crate::model::delta_net::forward`] and [`crate::model::attention::forward`].
 
 use crate::config::ModelConfig;
-use crate::cpu::attention::{attend, attend_heads};
+use crate::cpu::attention::attend;
 use crate::cpu::delta::{self, HeadRows};
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{
@@ -312,62 +312,33 @@ pub fn attention(
         s.scores.resize(s.threads * (nq / nkv) * s.score_cap, 0.0);
     }
     let (scale, group, cap) = ((hd as f32).powf(-0.5), nq / nkv, s.score_cap);
-    if t > 1 {
-        // A chunk: one unit per (token, kv head), its `group` query heads together.
+    // A unit is `hp` query heads of one token sharing a kv head: one head for one token (so
+    // every thread has work), all `group` of them for a chunk (each key read once for them).
+    let hp = if t > 1 { group } else { 1 };
+    {
         let (att, sc) = (
             SharedMut::new(&mut s.y[..t * nq * hd]),
             SharedMut::new(&mut s.scores[..]),
         );
         let (q, keys, values) = (&s.q, &keys[..], &values[..]);
-        let units = Chunks::new(t * nkv, 1);
+        let units = Chunks::new(t * nq / hp, 1);
         ex.pool.run(&|tid| {
-            // SAFETY: thread `tid` owns score rows tid·group..; each (token, kv head) unit is
-            // claimed by one thread only, and so are its heads' output rows.
-            let scores = unsafe { sc.slice(tid * group * cap..(tid + 1) * group * cap) };
+            // SAFETY: thread `tid` owns score rows tid·hp..; each unit is claimed by one
+            // thread only, and so are its heads' output rows.
+            let scores = unsafe { sc.slice(tid * hp * cap..(tid + 1) * hp * cap) };
             while let Some(us) = units.claim() {
-                let (ti, kvh) = (us.start / nkv, us.start % nkv);
-                let rows = (ti * nq + kvh * group) * hd..(ti * nq + (kvh + 1) * group) * hd;
+                let (ti, h0) = (us.start * hp / nq, us.start * hp % nq);
+                let rows = (ti * nq + h0) * hd..(ti * nq + h0 + hp) * hd;
                 // SAFETY: this unit's rows are ours alone (see above).
                 let o = unsafe { att.slice(rows.clone()) };
-                attend_heads(
+                attend(
                     level,
                     &q[rows],
                     hd,
                     keys,
                     values,
                     nkv,
-                    kvh,
-                    pos0 + ti + 1,
-                    scale,
-                    scores,
-                    o,
-                );
-            }
-        });
-    } else {
-        let (att, sc) = (
-            SharedMut::new(&mut s.y[..t * nq * hd]),
-            SharedMut::new(&mut s.scores[..]),
-        );
-        let (q, keys, values) = (&s.q, &keys[..], &values[..]);
-        let pairs = Chunks::new(t * nq, 1);
-        ex.pool.run(&|tid| {
-            // SAFETY: thread `tid` owns score row `tid`; each (token, head) pair is claimed by
-            // one thread only, and so is its output row.
-            let scores = unsafe { sc.slice(tid * cap..(tid + 1) * cap) };
-            while let Some(ps) = pairs.claim() {
-                let pair = ps.start;
-                let (ti, head) = (pair / nq, pair % nq);
-                // SAFETY: this pair's row is ours alone (see above).
-                let o = unsafe { att.slice(pair * hd..(pair + 1) * hd) };
-                let qh = &q[pair * hd..(pair + 1) * hd];
-                attend(
-                    level,
-                    qh,
-                    keys,
-                    values,
-                    nkv,
-                    head / group,
+                    h0 / group,
                     pos0 + ti + 1,
                     scale,
                     scores,

@@ -77,7 +77,7 @@ pub struct MoeScratch {
     preps: Vec<XPrep>,          // [k+1] prepared activations (decode)
     xs: XScratch,               // the block input, prepared
     hs: XScratch,               // an expert's activations, prepared
-    bucket: Vec<(usize, f32)>,  // [C·k] (token, weight) grouped by expert
+    bucket: Vec<usize>,         // [C·k] tokens grouped by expert
     start: Vec<usize>,          // [E+1] bucket offsets
     cursor: Vec<usize>,         // [E] placement cursor
     ye: Vec<f32>,               // [C·k or k+1, H] expert outputs (prefill: in bucket order)
@@ -121,7 +121,7 @@ impl MoeScratch {
             preps: (0..=k).map(|_| XPrep::with_capacity(width)).collect(),
             xs: XScratch::default(),
             hs: XScratch::default(),
-            bucket: vec![(0, 0.0); chunk * k],
+            bucket: vec![0; chunk * k],
             start: vec![0; e + 1],
             cursor: vec![0; e],
             ye: vec![0.0; (chunk * k).max(k + 1) * h],
@@ -559,7 +559,7 @@ fn prefill(
         let slots = &mut s.slots[ti * k..(ti + 1) * k];
         for (j, slot) in slots.iter_mut().enumerate() {
             let e = s.sel[ti * k + j];
-            s.bucket[s.cursor[e]] = (ti, s.wts[ti * k + j]);
+            s.bucket[s.cursor[e]] = ti;
             *slot = (s.cursor[e], s.wts[ti * k + j]);
             s.cursor[e] += 1;
         }
@@ -657,14 +657,14 @@ fn prefill(
     Ok(())
 }
 
-/// One routed expert over its tokens (`rows`: (token, weight) in bucket order) on the calling
+/// One routed expert over its tokens (`rows`: its tokens in bucket order) on the calling
 /// thread, LANE_TOKENS at a time: gather, gate and up, SwiGLU, down into `ye(tokens)`.
 fn whole_expert<'y>(
     ex: &Exec<'_>,
     handle: &ExpertHandle,
     x: &[f32],
     h: usize,
-    rows: &[(usize, f32)],
+    rows: &[usize],
     lane: &mut Lane,
     ye: impl Fn(std::ops::Range<usize>) -> &'y mut [f32],
 ) -> Result<()> {
@@ -674,7 +674,7 @@ fn whole_expert<'y>(
     let Lane { xe, hg, hu, xa, xh } = lane;
     for p in (0..rows.len()).step_by(LANE_TOKENS) {
         let n = LANE_TOKENS.min(rows.len() - p);
-        for (r, &(ti, _)) in rows[p..p + n].iter().enumerate() {
+        for (r, &ti) in rows[p..p + n].iter().enumerate() {
             xe[r * h..(r + 1) * h].copy_from_slice(&x[ti * h..(ti + 1) * h]);
         }
         ex.linears_here(
