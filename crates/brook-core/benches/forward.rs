@@ -6,7 +6,7 @@
 //! 8 distinct experts per layer, the same bytes as the real model (working set ≫ L3), while
 //! the box needs ~2 GB instead of 20. Weights bytes per decoded token are printed beside the
 //! speed, so GB/s = bytes × tok/s, and beside the memory read bandwidth measured in the same
-//! run. Run: `cargo bench -p brook-core --bench forward` (env BROOK_BENCH_THREADS,
+//! run. Run: `cargo bench -p brook-core --bench forward` (env BROOK_BENCH_THREADS, BROOK_BENCH_TILES,
 //! BROOK_BENCH_PROMPT, BROOK_BENCH_DECODE, and BROOK_BENCH_PRECISION: a list of f32, split24,
 //! fast run back to back in one process; each later one is compared with the first, over the
 //! whole run (errors compound) and one decode step at a time from the same state).
@@ -60,7 +60,12 @@ fn main() -> Result<()> {
     let store = SynthStore::new("qwen3.6-35b-a3b", 4, 7)?;
     let cfg = store.config.clone();
     let loader = Loader::new(&store, &cfg);
-    let dense = loader.dense()?;
+    let mut dense = loader.dense()?;
+    // As `Model::open_with` gives the CPU backend (where VNNI exists); BROOK_BENCH_TILES=0
+    // keeps the checkpoint's row order.
+    if env("BROOK_BENCH_TILES", 1) == 1 && brook_core::model::open::OpenOptions::default().cpu_tiles() {
+        println!("{} dense matrices in 16-row tiles", dense.tile());
+    }
     let k = cfg.num_experts_per_tok;
     let experts = (0..cfg.num_hidden_layers)
         .map(|l| {

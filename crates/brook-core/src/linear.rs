@@ -10,6 +10,46 @@ use crate::config::QuantSpec;
 use crate::dtype::DType;
 use crate::quant;
 
+/// How an affine matrix's packed words, scales and biases are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Order {
+    /// As the checkpoint stores them: row after row (MLX's own order).
+    #[default]
+    Rows,
+    /// 4-bit only, out a multiple of 16, in a multiple of 32: blocks of 16 rows, so that one
+    /// 64-byte vector holds 8 elements of each of the 16 rows (for integer dot products that
+    /// leave each row's sum in its own lane). Within a 16-row block the bytes of 32-element
+    /// column block c come at 256·c; in them, dword 16·j + lane holds row `lane`'s elements
+    /// 8j..8j+8, byte k the element 8j+k in its low nibble and 8j+4+k in its high one. Scales
+    /// and biases of a 16-row block come group after group, 16 rows each. The same bytes as
+    /// [`Order::Rows`], moved: [`Linear::tile`] converts in place. See [`tiled_nibble`].
+    Tiles,
+}
+
+/// Where element `i` of row `r` of a [`Order::Tiles`] matrix with `n` columns lies: (byte
+/// index into the packed bytes, bit shift of its nibble).
+#[inline]
+pub fn tiled_nibble(n: usize, r: usize, i: usize) -> (usize, u32) {
+    let (tb, lane, cb, j, w) = (r / 16, r % 16, i / 32, (i % 32) / 8, i % 8);
+    ((tb * (n / 32) + cb) * 256 + j * 64 + lane * 4 + w % 4, if w < 4 { 0 } else { 4 })
+}
+
+/// Where the scale (and bias) of group `g` of row `r` lies among a [`Order::Tiles`]
+/// matrix's `groups` per row: an element index.
+#[inline]
+pub fn tiled_group(groups: usize, r: usize, g: usize) -> usize {
+    (r / 16) * groups * 16 + g * 16 + r % 16
+}
+
+/// Whether a matrix of this spec and shape can take [`Order::Tiles`].
+pub fn tiles_fit(spec: QuantSpec, out: usize, n: usize) -> bool {
+    spec.bits == 4
+        && matches!(spec.group_size, 32 | 64 | 128)
+        && out.is_multiple_of(16)
+        && n.is_multiple_of(32)
+        && n.is_multiple_of(spec.group_size)
+}
+
 /// Owned storage of a weight matrix of logical shape [out, in].
 #[derive(Debug, Clone)]
 pub enum Weights {
@@ -26,6 +66,8 @@ pub enum Weights {
         scales: Vec<u8>,
         /// `[out, in/group]` of `float`.
         biases: Vec<u8>,
+        /// The order of `packed`, `scales` and `biases`.
+        order: Order,
     },
 }
 
@@ -42,6 +84,7 @@ pub enum MatRef<'a> {
         packed: &'a [u8],
         scales: &'a [u8],
         biases: &'a [u8],
+        order: Order,
     },
 }
 
@@ -94,12 +137,14 @@ impl Linear {
                 packed,
                 scales,
                 biases,
+                order,
             } => MatRef::Affine {
                 spec: *spec,
                 float: *float,
                 packed,
                 scales,
                 biases,
+                order: *order,
             },
         };
         LinearRef {
@@ -137,6 +182,62 @@ impl Linear {
         }
     }
 
+    /// Moves a 4-bit matrix that [`tiles_fit`] into [`Order::Tiles`] in place (the same
+    /// bytes, reordered one 16-row block at a time); returns whether it did. Other matrices,
+    /// and bytes too short for the shape (which `check` reports later), stay as they are.
+    pub fn tile(&mut self) -> bool {
+        let (out, n) = (self.out_features, self.in_features);
+        let Weights::Affine {
+            spec,
+            float,
+            packed,
+            scales,
+            biases,
+            order,
+        } = &mut self.weights
+        else {
+            return false;
+        };
+        let (groups, fs, rb) = (n / spec.group_size.max(1), float.size(), n / 2);
+        if *order != Order::Rows
+            || !tiles_fit(*spec, out, n)
+            || packed.len() < out * rb
+            || scales.len() < out * groups * fs
+            || biases.len() < out * groups * fs
+        {
+            return false;
+        }
+        let mut tmp = vec![0u8; 16 * rb.max(groups * fs)];
+        for tb in 0..out / 16 {
+            let blk = &mut packed[tb * 16 * rb..(tb + 1) * 16 * rb];
+            tmp[..blk.len()].copy_from_slice(blk);
+            for lane in 0..16 {
+                for (w8, src) in tmp[lane * rb..(lane + 1) * rb].chunks_exact(4).enumerate() {
+                    // Word w8 holds elements 8·w8..8·w8+8 of the row, element e at bits 4e.
+                    let w = u32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+                    let d = (0..4).fold(0u32, |d, k| {
+                        let (lo, hi) = ((w >> (4 * k)) & 15, (w >> (4 * k + 16)) & 15);
+                        d | ((lo | hi << 4) << (8 * k))
+                    });
+                    let at = (w8 / 4) * 256 + (w8 % 4) * 64 + lane * 4;
+                    blk[at..at + 4].copy_from_slice(&d.to_le_bytes());
+                }
+            }
+            for v in [&mut *scales, &mut *biases] {
+                let blk = &mut v[tb * 16 * groups * fs..(tb + 1) * 16 * groups * fs];
+                tmp[..blk.len()].copy_from_slice(blk);
+                for lane in 0..16 {
+                    for g in 0..groups {
+                        let (src, dst) = ((lane * groups + g) * fs, (g * 16 + lane) * fs);
+                        blk[dst..dst + fs].copy_from_slice(&tmp[src..src + fs]);
+                    }
+                }
+            }
+        }
+        *order = Order::Tiles;
+        true
+    }
+
     /// A linear made of the given rows of this one, in that order (a row permutation or
     /// selection; quantized rows move with their scales and biases).
     pub fn select_rows(&self, rows: &[usize]) -> Linear {
@@ -158,7 +259,9 @@ impl Linear {
                 packed,
                 scales,
                 biases,
+                order,
             } => {
+                assert_eq!(*order, Order::Rows, "select_rows of a tiled matrix");
                 let groups = n / spec.group_size;
                 Weights::Affine {
                     spec: *spec,
@@ -166,6 +269,7 @@ impl Linear {
                     packed: take(packed, quant::words_per_row(n, spec.bits) * 4),
                     scales: take(scales, groups * float.size()),
                     biases: take(biases, groups * float.size()),
+                    order: Order::Rows,
                 }
             }
         };
@@ -193,6 +297,23 @@ impl LinearRef<'_> {
                 packed,
                 scales,
                 biases,
+                order: Order::Tiles,
+            } => {
+                let groups = n / spec.group_size;
+                for (i, o) in out.iter_mut().enumerate() {
+                    let (byte, shift) = tiled_nibble(n, r, i);
+                    let g = tiled_group(groups, r, i / spec.group_size);
+                    let q = ((packed[byte] >> shift) & 15) as f32;
+                    *o = float_at(float, scales, g) * q + float_at(float, biases, g);
+                }
+            }
+            MatRef::Affine {
+                spec,
+                float,
+                packed,
+                scales,
+                biases,
+                order: Order::Rows,
             } => {
                 let words = quant::words_per_row(n, spec.bits);
                 let row: Vec<u32> = packed[r * words * 4..(r + 1) * words * 4]

@@ -13,48 +13,10 @@ use brook_core::cpu::{
     CpuModel, CpuOptions, CpuPool, Precision, SimdLevel, XBatch, XPrep, matvec_rows,
     qmatmul_pool_at,
 };
-use brook_core::dtype::{self, DType};
-use brook_core::linear::{Linear, Weights, float_at};
-use brook_core::quant;
+use brook_core::dtype::DType;
 use brook_core::{Logits, Model, Stage};
+use common::bounds::bounds;
 use common::{MODELS, Reference, argmax, fixture, rel_l2};
-
-/// Per row: (the int8 rounding bound E, the f32 rounding scale Σ|x|(|sq| + |β|)).
-fn bounds(w: &Linear, x: &[f32]) -> Vec<(f32, f32)> {
-    let Weights::Affine {
-        spec,
-        float,
-        packed,
-        scales,
-        biases,
-    } = &w.weights
-    else {
-        panic!("affine weights expected");
-    };
-    let n = w.in_features;
-    let words = dtype::bytes_to_u32(packed);
-    let wpr = quant::words_per_row(n, spec.bits);
-    let g = n / spec.group_size;
-    let d: Vec<f32> = x
-        .chunks_exact(32)
-        .map(|b| b.iter().fold(0.0f32, |m, v| m.max(v.abs())) / 127.0)
-        .collect();
-    (0..w.out_features)
-        .map(|r| {
-            let row = &words[r * wpr..(r + 1) * wpr];
-            let (mut e, mut s_all) = (0.0f32, 0.0f32);
-            for i in 0..n {
-                let gi = r * g + i / spec.group_size;
-                let s = float_at(*float, scales, gi);
-                let b = float_at(*float, biases, gi);
-                let sq = (s * quant::unpack(row, spec.bits, i) as f32).abs();
-                e += d[i / 32] / 2.0 * sq;
-                s_all += x[i].abs() * (sq + b.abs());
-            }
-            (e, s_all)
-        })
-        .collect()
-}
 
 #[test]
 fn fast_matvec_stays_within_the_int8_rounding_bound() {

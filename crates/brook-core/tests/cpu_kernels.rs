@@ -6,69 +6,16 @@
 //! bound |y − y_ref| ≤ 2e-6 · Σ_i |x_i|·(|s_g q_i| + |β_g|) per row (for float weights
 //! Σ|w_i x_i|); the worst measured ratio is 2.2e-7, and a nibble table off by 1e-3 fails.
 
+mod common;
+
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
     CpuPool, Precision, SimdLevel, XBatch, XPrep, dequant_row, matvec_rows, qmatmul, qmatmul_at,
     qmatmul_pool, qmatmul_pool_at, qmatvec, qmatvec_pool,
 };
-use brook_core::dtype;
 use brook_core::dtype::DType;
-use brook_core::linear::{Linear, Weights, float_at};
-use brook_core::quant;
-
-const TOL: f32 = 2e-6;
-
-/// Per-row magnitude of the terms the kernels sum: Σ_i |x_i|·(|s_g q_i| + |β_g|) for affine
-/// weights, Σ_i |w_i x_i| for float ones.
-fn row_scales(w: &Linear, x: &[f32]) -> Vec<f32> {
-    let n = w.in_features;
-    match &w.weights {
-        Weights::Float { .. } => {
-            let mut row = vec![0.0; n];
-            (0..w.out_features)
-                .map(|r| {
-                    dequant_row(&w.view(), r, &mut row);
-                    row.iter().zip(x).map(|(w, x)| (w * x).abs()).sum()
-                })
-                .collect()
-        }
-        Weights::Affine {
-            spec,
-            float,
-            packed,
-            scales,
-            biases,
-        } => {
-            let words = dtype::bytes_to_u32(packed);
-            let wpr = quant::words_per_row(n, spec.bits);
-            let g = n / spec.group_size;
-            (0..w.out_features)
-                .map(|r| {
-                    let row = &words[r * wpr..(r + 1) * wpr];
-                    (0..n)
-                        .map(|i| {
-                            let gi = r * g + i / spec.group_size;
-                            let s = float_at(*float, scales, gi);
-                            let b = float_at(*float, biases, gi);
-                            let q = quant::unpack(row, spec.bits, i) as f32;
-                            x[i].abs() * ((s * q).abs() + b.abs())
-                        })
-                        .sum()
-                })
-                .collect()
-        }
-    }
-}
-
-fn assert_close(got: &[f32], want: &[f32], scale: &[f32], what: &str) {
-    for (r, ((g, w), s)) in got.iter().zip(want).zip(scale).enumerate() {
-        let err = (g - w).abs();
-        assert!(
-            err <= TOL * s + 1e-30,
-            "{what}: row {r}: got {g}, reference {w}, error {err:e} > {TOL:e} × {s}"
-        );
-    }
-}
+use brook_core::linear::Weights;
+use common::bounds::{assert_close, row_scales};
 
 fn check_matvec(rng: &mut Rng, out: usize, inp: usize, fmt: Format) {
     let w = random_linear(rng, out, inp, fmt);

@@ -44,6 +44,7 @@ fn dequantize_and_matmul_match_mlx_at_every_width() {
                         packed: &packed,
                         scales: &scales,
                         biases: &biases,
+                        order: brook_core::linear::Order::Rows,
                     },
                 };
                 let deq = floats(&f, &format!("{p}.deq"));

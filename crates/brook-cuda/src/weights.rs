@@ -93,11 +93,20 @@ pub fn place(l: &LinearRef<'_>, at: usize, what: &str) -> Result<Placement> {
             }
         }
         MatRef::Affine {
+            order: brook_core::linear::Order::Tiles,
+            ..
+        } => {
+            return Err(Error::Invalid(format!(
+                "{what}: the weights are in the CPU backend's 16-row tiles; open the model for the CUDA backend"
+            )));
+        }
+        MatRef::Affine {
             spec,
             float,
             packed,
             scales,
             biases,
+            ..
         } => {
             let w = align(at);
             let s = align(w + packed.len());

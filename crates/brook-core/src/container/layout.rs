@@ -266,6 +266,7 @@ impl ExpertLayout {
                     packed: &blob[w.clone()],
                     scales: &blob[s.clone()],
                     biases: &blob[b.clone()],
+                    order: crate::linear::Order::Rows,
                 },
             },
         };

@@ -22,6 +22,7 @@ use std::ops::Range;
 use super::avx512::scale_at;
 use super::pool::SharedMut;
 use super::qmatvec::Affine;
+use crate::linear::Order;
 
 /// Activation bytes of a chunk of tokens for [`matmul_rows`]: per token, per 32-element
 /// block, `nd` rows of 32 signed bytes in element order, and per (token, block, digit) the
@@ -72,10 +73,26 @@ pub(super) unsafe fn matmul_rows(
         while r0 < rows.end {
             let nr = 16.min(rows.end - r0);
             // SAFETY: rows r0..r0+nr exist (`check`, rows ⊆ out); the buffers were sized above.
-            unsafe { relayout16(a, r0, nr, wt, sw, bw) };
+            unsafe {
+                if a.order == Order::Tiles {
+                    tiled16(a, r0, nr, wt, sw, bw)
+                } else {
+                    relayout16(a, r0, nr, wt, sw, bw)
+                }
+            };
             // The next block's bytes into L2 while this one computes: an expert's rows come
-            // from DRAM once per chunk, as sixteen row streams.
-            for r in r0 + nr..(r0 + nr + 16).min(rows.end) {
+            // from DRAM once per chunk, as sixteen row streams (a tiled block is one run).
+            if a.order == Order::Tiles {
+                let next = (r0 + nr).div_ceil(16) * 16;
+                if next < rows.end {
+                    let p = &a.packed[next * n / 2..(next + 16) * n / 2];
+                    for off in (0..p.len()).step_by(64) {
+                        // SAFETY: a prefetch of an address inside the next block's bytes.
+                        unsafe { _mm_prefetch::<_MM_HINT_T1>(p.as_ptr().add(off) as *const i8) };
+                    }
+                }
+            }
+            for r in (r0 + nr..(r0 + nr + 16).min(rows.end)).filter(|_| a.order == Order::Rows) {
                 let p = a.row(r).0;
                 for off in (0..p.len()).step_by(64) {
                     // SAFETY: a prefetch of an address inside row r's bytes.
@@ -103,6 +120,52 @@ pub(super) unsafe fn matmul_rows(
             r0 += nr;
         }
     });
+}
+
+/// [`relayout16`] for a tiled `a`: a whole aligned block spreads its nibbles in place
+/// (`avx512_tiles::spread16`); a block a range cuts (no caller does) goes element by element.
+///
+/// # Safety
+/// As [`relayout16`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn tiled16(
+    a: &Affine<'_>,
+    r0: usize,
+    nr: usize,
+    wt: &mut [u8],
+    sw: &mut [f32],
+    bw: &mut [f32],
+) {
+    if r0.is_multiple_of(16) && nr == 16 {
+        // SAFETY: forwarded; `matmul_rows` sized the buffers for n and its groups.
+        return unsafe { super::avx512_tiles::spread16(a, r0, wt, sw, bw) };
+    }
+    let (n, ng) = (a.n, a.groups());
+    for r in 0..16 {
+        for i in 0..n {
+            let q = if r < nr {
+                let (byte, shift) = crate::linear::tiled_nibble(n, r0 + r, i);
+                (a.packed[byte] >> shift) & 15
+            } else {
+                0
+            };
+            wt[(i / 4) * 64 + r * 4 + i % 4] = q;
+        }
+        for g in 0..ng {
+            let (s, b) = if r < nr {
+                let at = crate::linear::tiled_group(ng, r0 + r, g) * a.float.size();
+                (
+                    crate::linear::float_at(a.float, &a.scales[at..], 0),
+                    crate::linear::float_at(a.float, &a.biases[at..], 0),
+                )
+            } else {
+                (0.0, 0.0)
+            };
+            sw[g * 16 + r] = s;
+            bw[g * 16 + r] = b;
+        }
+    }
 }
 
 /// Rows r0..r0+nr (nr ≤ 16) of `a` re-laid: `wt` register kq (64 bytes) holds in lane r the

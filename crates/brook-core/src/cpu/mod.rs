@@ -8,8 +8,8 @@
 //!
 //! Layout: `simd` (level detection); `qmatvec` / `qmatmul` (kernels, with x86 inner loops in
 //! `avx2`, `avx512`, `avx512_split` for Split24, `avx512_q8` for
-//! `Precision::Fast`, `avx512_mm` for prefill tiles and `avx512_vnni_mm` for prefill at
-//! Split24 and Fast); `pool`
+//! `Precision::Fast`, `avx512_mm` for prefill tiles, `avx512_vnni_mm` for prefill at
+//! Split24 and Fast, and `avx512_tiles` for matrices stored in 16-row tiles); `pool`
 //! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
 //! pool job); `mixer`, `moe`, `model` (the forward pass).
 
@@ -24,6 +24,8 @@ mod avx512_mm;
 mod avx512_q8;
 #[cfg(target_arch = "x86_64")]
 mod avx512_split;
+#[cfg(target_arch = "x86_64")]
+mod avx512_tiles;
 #[cfg(target_arch = "x86_64")]
 mod avx512_vnni_mm;
 pub mod delta;

@@ -17,7 +17,7 @@ use crate::cpu::SimdLevel;
 use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::qmatvec::{Affine, Precision, check, dequant_row, dot};
 use crate::error::{Error, Result};
-use crate::linear::{LinearRef, MatRef};
+use crate::linear::{LinearRef, MatRef, Order};
 
 /// f32 elements of the per-thread weight tile.
 const TILE: usize = 32 * 1024;
@@ -118,20 +118,7 @@ impl XBatch {
             .zip(self.coef.chunks_exact_mut(nd))
             .zip(s32.iter_mut())
         {
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: only called with VNNI (hence AVX-512) present; `xc` holds 32 floats and
-            // `out` 32·nd bytes.
-            unsafe {
-                if nd == 3 {
-                    let (inv, s) = super::avx512_split::split_block(xc, out);
-                    cf.copy_from_slice(&[inv * 65536.0, inv * 256.0, inv]);
-                    *sum = s;
-                } else {
-                    (cf[0], *sum) = super::avx512_q8::q8_block(xc, out);
-                }
-            }
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = (xc, out, cf, sum);
+            *sum = super::xprep::block_digits(nd, xc, out, cf);
         }
         // Σx per 64 and 128 from the 32-sums (n is a multiple of 32, so no group straddles
         // two tokens when g divides n).
@@ -196,7 +183,8 @@ pub unsafe fn matmul_rows(
         unsafe { super::avx512_vnni_mm::matmul_rows(&a, x, t, out, y, rows) };
         return;
     }
-    let lane_order = matches!(w.mat, MatRef::Affine { spec, .. } if spec.bits == 4)
+    // A tiled matrix off the VNNI path takes rows dequantized in natural order.
+    let lane_order = matches!(w.mat, MatRef::Affine { spec, order: Order::Rows, .. } if spec.bits == 4)
         && lanes_of(level) > 0
         && !xb.lanes.is_empty()
         && xb.npad <= TILE;
@@ -288,6 +276,13 @@ fn unpack_row(
     dst: &mut [f32],
     sbuf: &mut [f32],
 ) {
+    if let MatRef::Affine {
+        order: Order::Tiles,
+        ..
+    } = w.mat
+    {
+        return dequant_row(w, r, dst);
+    }
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the level is supported (checked by the caller) and `w` passed `check`.

@@ -14,7 +14,7 @@ use crate::cpu::SimdLevel;
 use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
-use crate::linear::{LinearRef, MatRef};
+use crate::linear::{LinearRef, MatRef, Order};
 use crate::quant;
 
 pub use crate::cpu::xprep::{Precision, XPrep};
@@ -34,6 +34,7 @@ pub(crate) struct Affine<'a> {
     pub packed: &'a [u8], // [out, n·bits/8]
     pub scales: &'a [u8], // [out, n/group] of `float`
     pub biases: &'a [u8], // [out, n/group] of `float`
+    pub order: Order,     // Tiles: `packed`, `scales`, `biases` in 16-row blocks
 }
 
 impl<'a> Affine<'a> {
@@ -46,6 +47,7 @@ impl<'a> Affine<'a> {
                 packed,
                 scales,
                 biases,
+                order,
             } => Some(Affine {
                 bits: spec.bits,
                 group: spec.group_size,
@@ -54,6 +56,7 @@ impl<'a> Affine<'a> {
                 packed,
                 scales,
                 biases,
+                order,
             }),
             MatRef::Float { .. } => None,
         }
@@ -77,9 +80,10 @@ impl<'a> Affine<'a> {
             .min(self.scales.len() / sb)
             .min(self.biases.len() / sb)
     }
-    /// (packed bytes, scale bytes, bias bytes) of row `r`.
+    /// (packed bytes, scale bytes, bias bytes) of row `r` ([`Order::Rows`] only).
     #[inline]
     pub fn row(&self, r: usize) -> (&[u8], &[u8], &[u8]) {
+        debug_assert_eq!(self.order, Order::Rows);
         let (rb, sb) = (self.row_bytes(), self.groups() * self.float.size());
         (
             &self.packed[r * rb..(r + 1) * rb],
@@ -108,9 +112,13 @@ pub fn check(w: &LinearRef<'_>) -> Result<()> {
             packed,
             scales,
             biases,
+            order,
         } => {
             if let Some(p) = quant::spec_problem(spec, n) {
                 return bad(p);
+            }
+            if order == Order::Tiles && !crate::linear::tiles_fit(spec, out, n) {
+                return bad(format!("{}-bit groups of {} in 16-row tiles", spec.bits, spec.group_size));
             }
             if !float.is_float() {
                 return bad(format!("scales of dtype {float}"));
@@ -166,6 +174,9 @@ pub fn matvec_rows(
             let Some(a) = Affine::of(w) else {
                 unreachable!("an affine matrix")
             };
+            if a.order == Order::Tiles {
+                return tiled_rows(level, w, &a, xp, y, rows);
+            }
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: VNNI is present (`split()` is only set when it is) and `check`
@@ -189,6 +200,41 @@ pub fn matvec_rows(
             }
         }
     }
+}
+
+/// [`matvec_rows`] for a matrix in 16-row tiles: the VNNI kernel on the tile digits of
+/// `xp`, or (another level) each row dequantized and dotted with x in f32.
+fn tiled_rows(
+    level: SimdLevel,
+    w: &LinearRef<'_>,
+    a: &Affine<'_>,
+    xp: &XPrep,
+    y: &mut [f32],
+    rows: Range<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512
+        && let Some((nd, digits, coef)) = xp.tiles()
+    {
+        // SAFETY: tile digits are only prepared with VNNI present; `check` accepted the
+        // tiled shape (4 bits, groups 32/64/128, out a multiple of 16, n of 32).
+        return unsafe {
+            super::avx512_tiles::tiled_rows(a, nd, digits, coef, xp.sums(a.group), y, rows)
+        };
+    }
+    let _ = (level, a);
+    ROW_BUF.with_borrow_mut(|buf| {
+        buf.resize(w.in_features, 0.0);
+        for (yr, r) in y.iter_mut().zip(rows) {
+            dequant_row(w, r, buf);
+            *yr = dot(buf, xp.x());
+        }
+    });
+}
+
+thread_local! {
+    /// A dequantized row for [`tiled_rows`]'s fallback (grows once per width).
+    static ROW_BUF: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// y = W x on one thread: checks `w`, prepares x into `xp`, computes every row.
@@ -383,6 +429,10 @@ pub fn dequant_row(w: &LinearRef<'_>, r: usize, out: &mut [f32]) {
             let rb = n * dtype.size();
             widen(dtype, &data[r * rb..(r + 1) * rb], &mut out[..n]);
         }
+        MatRef::Affine {
+            order: Order::Tiles,
+            ..
+        } => w.row(r, &mut out[..n]),
         MatRef::Affine { .. } => {
             let Some(a) = Affine::of(w) else {
                 unreachable!("an affine matrix")

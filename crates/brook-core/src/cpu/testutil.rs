@@ -89,6 +89,7 @@ pub fn random_linear(rng: &mut Rng, out: usize, inp: usize, fmt: Format) -> Line
                 packed,
                 scales: encode(float, &scales),
                 biases: encode(float, &rng.vec(groups, 0.1)),
+                order: crate::linear::Order::Rows,
             }
         }
     };

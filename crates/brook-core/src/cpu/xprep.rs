@@ -49,6 +49,9 @@ pub struct XPrep {
     ints: Ints,             // what `digits` and `lane_inv` hold
     digits: Vec<i8>,        // Split24: [n/128 blocks, 6, 64]; Fast: [n/128, 2, 64], vpdpbusd order
     lane_inv: Vec<f32>,     // [n/8]: the scale (2^-k, or d) of each 8-element lane's 32-block
+    tnd: usize,             // digits per element in `tiles`: 0 (none), 1 (Fast) or 3 (else)
+    tiles: Vec<i8>,         // [n/32, tnd, 32]: each 32-block's digits in element order
+    tcoef: Vec<f32>,        // [n/32, tnd]: the factor of each digit row's sums
 }
 
 /// The integer form of x an [`XPrep`] holds beside the floats.
@@ -80,6 +83,9 @@ impl XPrep {
             ints: Ints::None,
             digits: Vec::with_capacity(n.div_ceil(128) * 384),
             lane_inv: Vec::with_capacity(n.div_ceil(128) * 16),
+            tnd: 0,
+            tiles: Vec::with_capacity(3 * n),
+            tcoef: Vec::with_capacity(3 * n / 32),
         }
     }
 
@@ -89,8 +95,13 @@ impl XPrep {
     }
 
     /// Prepares `x` for the kernels of `level` at `precision`.
+    ///
+    /// Where AVX-512 VNNI exists and 32 divides the width, this also writes the digits the
+    /// kernels of 16-row tiles read ([`crate::linear::Order::Tiles`]): int8 at `Fast`, and
+    /// Split24's exact digits otherwise (tiled matrices have no f32 kernel there).
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
         self.ints = Ints::None;
+        self.tnd = 0;
         self.fill(level, x);
         if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && x.len().is_multiple_of(32) {
             match precision {
@@ -98,6 +109,20 @@ impl XPrep {
                 Precision::Fast => self.q8_digits(x),
                 Precision::F32 => {}
             }
+            let nd = if precision == Precision::Fast { 1 } else { 3 };
+            let blocks = x.len() / 32;
+            self.tiles.clear();
+            self.tiles.resize(blocks * nd * 32, 0);
+            self.tcoef.clear();
+            self.tcoef.resize(blocks * nd, 0.0);
+            for ((xc, out), cf) in x
+                .chunks_exact(32)
+                .zip(self.tiles.chunks_exact_mut(nd * 32))
+                .zip(self.tcoef.chunks_exact_mut(nd))
+            {
+                block_digits(nd, xc, out, cf);
+            }
+            self.tnd = nd;
         }
     }
 
@@ -197,6 +222,12 @@ impl XPrep {
         (self.ints == Ints::Split24).then_some((&self.digits[..], &self.lane_inv[..]))
     }
 
+    /// The digits of the 16-row tile kernels: (digits per element, [n/32, nd, 32] bytes,
+    /// [n/32, nd] factors), where [`XPrep::prepare_with`] wrote them.
+    pub(crate) fn tiles(&self) -> Option<(usize, &[i8], &[f32])> {
+        (self.tnd > 0).then_some((self.tnd, &self.tiles[..], &self.tcoef[..]))
+    }
+
     pub(crate) fn q8(&self) -> Option<(&[i8], &[f32])> {
         (self.ints == Ints::Q8).then_some((&self.digits[..], &self.lane_inv[..]))
     }
@@ -217,5 +248,31 @@ impl XPrep {
             64 => &self.sums[1],
             _ => &self.sums[2],
         }
+    }
+}
+
+/// The digits of one 32-element block for the VNNI kernels that broadcast activation bytes:
+/// `nd` = 3 (Split24: rows d₂, d₁, d₀ of 32 bytes) or 1 (int8), in element order, into `out`
+/// (32·nd bytes), and the factor each row's integer sums take into `cf` (nd). Returns Σx
+/// (exact f32 sums of the block, for the folded MLX bias). Only called with VNNI present.
+pub(crate) fn block_digits(nd: usize, x: &[f32], out: &mut [i8], cf: &mut [f32]) -> f32 {
+    assert!(x.len() >= 32 && out.len() >= 32 * nd && cf.len() >= nd && (nd == 1 || nd == 3));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: VNNI (hence AVX-512) is present (callers); lengths asserted above.
+    unsafe {
+        if nd == 3 {
+            let (inv, s) = super::avx512_split::split_block(x, out);
+            cf[..3].copy_from_slice(&[inv * 65536.0, inv * 256.0, inv]);
+            s
+        } else {
+            let (d, s) = super::avx512_q8::q8_block(x, out);
+            cf[0] = d;
+            s
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (out, cf);
+        x[..32].iter().sum()
     }
 }

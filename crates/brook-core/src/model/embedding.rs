@@ -152,6 +152,7 @@ impl EmbeddingRows {
                     packed: &buf[..w],
                     scales: &buf[w..w + s],
                     biases: &buf[w + s..],
+                    order: crate::linear::Order::Rows,
                 }
             }
         };
@@ -211,6 +212,7 @@ impl EmbeddingRows {
                     packed: parts.pop().unwrap_or_default(),
                     scales,
                     biases,
+                    order: crate::linear::Order::Rows,
                 }
             }
         };

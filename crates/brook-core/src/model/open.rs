@@ -50,6 +50,14 @@ pub struct OpenOptions {
 }
 
 impl OpenOptions {
+    /// Whether the dense weights go into 16-row tiles: for the CPU backend where AVX-512
+    /// VNNI exists (its kernels for tiles need it; elsewhere the row order's kernels run).
+    pub fn cpu_tiles(&self) -> bool {
+        self.backend == Backend::Cpu
+            && crate::cpu::SimdLevel::detect() == crate::cpu::SimdLevel::Avx512
+            && crate::cpu::SimdLevel::has_vnni()
+    }
+
     /// Options of the CPU backend for these open options, or `None` for another backend.
     pub fn cpu_options(&self) -> Option<crate::cpu::CpuOptions> {
         if self.backend != Backend::Cpu {
@@ -156,6 +164,9 @@ impl Model {
                 }
             }
             let mut m = Model::load_resident(&ck, ck.config.clone())?;
+            if opts.cpu_tiles() {
+                m.dense.tile();
+            }
             m.prefetch = opts.prefetch;
             m.prefill_chunk = opts.prefill_chunk;
             return Ok(m);
@@ -192,7 +203,11 @@ impl Model {
                 cfg.num_experts_per_tok
             );
         }
-        let dense = Loader::new(&c, &cfg).dense_with(Some(&c.dense_path()))?;
+        let mut dense = Loader::new(&c, &cfg).dense_with(Some(&c.dense_path()))?;
+        if opts.cpu_tiles() {
+            let n = dense.tile();
+            tracing::debug!("{n} dense matrices in 16-row tiles for the VNNI kernels");
+        }
         let store = ExpertStore::open(&c)?;
         let experts: Box<dyn crate::model::moe::ExpertSource> = if slots >= total {
             tracing::info!("budget holds every expert: loading all {total} resident");

@@ -80,6 +80,36 @@ pub struct DenseWeights {
     pub lm_head: Linear, // [V, H]
 }
 
+impl DenseWeights {
+    /// Moves every 4-bit projection that can take them into 16-row tiles
+    /// ([`crate::linear::Order::Tiles`], read by the CPU backend's VNNI kernels): the mixers'
+    /// projections, the shared experts and the head; not the embedding (read a row at a time)
+    /// nor the 8-bit routers. Returns how many moved.
+    pub fn tile(&mut self) -> usize {
+        let mut mats: Vec<&mut Linear> = vec![&mut self.lm_head];
+        for l in &mut self.layers {
+            let se = &mut l.mlp.shared_expert;
+            mats.extend([&mut se.gate_proj, &mut se.up_proj, &mut se.down_proj]);
+            match &mut l.mixer {
+                Mixer::Linear(w) => mats.extend([
+                    &mut w.in_proj_qkv,
+                    &mut w.in_proj_z,
+                    &mut w.in_proj_b,
+                    &mut w.in_proj_a,
+                    &mut w.out_proj,
+                ]),
+                Mixer::Full(w) => mats.extend([
+                    &mut w.q_proj,
+                    &mut w.k_proj,
+                    &mut w.v_proj,
+                    &mut w.o_proj,
+                ]),
+            }
+        }
+        mats.into_iter().filter_map(|m| m.tile().then_some(())).count()
+    }
+}
+
 /// Reads tensors for one model, checking them against its config.
 pub struct Loader<'a, S: TensorStore + ?Sized> {
     pub store: &'a S,
@@ -333,6 +363,7 @@ impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
                 packed: read(&weight)?,
                 scales: read(&scales)?,
                 biases: read(&biases)?,
+                order: crate::linear::Order::Rows,
             },
         };
         Ok(vec![Linear {

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests: fixture paths and reading reference tensors.
 #![allow(dead_code)]
 
+pub mod bounds;
+
 use std::path::PathBuf;
 
 use brook_core::dtype::{self, DType};

@@ -1,0 +1,177 @@
+//! AVX-512 VNNI kernels of 4-bit matrices in 16-row tiles ([`Order::Tiles`]): the one-token
+//! product at Split24 (exact, the default) and Fast, and the prefill tile's block of rows.
+//!
+//! Owns the 16-row block loop of y = W x: one 64-byte vector holds 8 elements of each of 16
+//! rows, its low and high nibbles masked apart give two registers of four bytes per row, and
+//! one `vpdpbusd` per register and digit row multiplies them with four of x's bytes
+//! broadcast, so every row's sum stays in its own lane: no horizontal sums, no re-layout, and
+//! the weights stream as one sequential run. Digit sums are scaled once per 32 elements (as
+//! in `avx512_vnni_mm.rs`), weight scales and MLX biases once per group as 16-lane vectors.
+//! No allocation, no shape checks (callers checked them). Mirrors the row kernels of
+//! `avx512_split.rs` and `avx512_q8.rs`, which compute the same sums from [`Order::Rows`].
+//!
+//! [`Order::Tiles`]: crate::linear::Order::Tiles
+//! [`Order::Rows`]: crate::linear::Order::Rows
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::qmatvec::Affine;
+use crate::dtype::DType;
+
+/// 16 scales (or biases) of `float` starting at element `i` of `p`, widened to f32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn load16(float: DType, p: *const u8, i: usize) -> __m512 {
+    // SAFETY: the caller guarantees 16 elements of `float` at element i.
+    unsafe {
+        match float {
+            DType::BF16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(
+                _mm256_loadu_si256(p.add(2 * i) as *const _),
+            ))),
+            DType::F16 => _mm512_cvtph_ps(_mm256_loadu_si256(p.add(2 * i) as *const _)),
+            _ => _mm512_loadu_ps(p.add(4 * i) as *const f32),
+        }
+    }
+}
+
+/// y for the 16 rows of tile block `tb`: D = 3 digit rows (Split24) or 1 (int8).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn block<const D: usize>(
+    a: &Affine<'_>,
+    tb: usize,
+    digits: *const i8,
+    coef: *const f32,
+    sums: *const f32,
+) -> __m512 {
+    let (n, ng) = (a.n, a.groups());
+    let (nb, bpg) = (n / 32, a.group / 32);
+    // SAFETY: block tb's n/32 · 256 bytes and its 16·ng scales and biases exist (`check`,
+    // out a multiple of 16); digits hold D·32 bytes and coef D floats per 32-block, sums ng.
+    unsafe {
+        let wp = a.packed.as_ptr().add(tb * nb * 256);
+        let nib = _mm512_set1_epi8(0x0F);
+        let mut acc = _mm512_setzero_ps();
+        let mut bias = _mm512_setzero_ps();
+        for g in 0..ng {
+            let mut p = _mm512_setzero_ps();
+            for blk in g * bpg..(g + 1) * bpg {
+                let w = wp.add(blk * 256);
+                let d = digits.add(blk * D * 32);
+                let bc = |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
+                let mut s = [[_mm512_setzero_si512(); 2]; D];
+                for j in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.add(4096 + 64 * j) as *const i8);
+                    let v = _mm512_loadu_si512(w.add(64 * j) as *const _);
+                    let lo = _mm512_and_si512(v, nib);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                    for (k, sk) in s.iter_mut().enumerate() {
+                        sk[0] = _mm512_dpbusd_epi32(sk[0], lo, bc(32 * k + 8 * j));
+                        sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
+                    }
+                }
+                let c = |k: usize| _mm512_set1_ps(*coef.add(blk * D + k));
+                if D == 3 {
+                    // |S| ≤ 32·15·128 per digit row, so S₂·2^8 + S₁ < 2^24: exact in f32.
+                    let s2 = _mm512_add_epi32(s[0][0], s[0][1]);
+                    let s1 = _mm512_add_epi32(s[1][0], s[1][1]);
+                    let s21 = _mm512_add_epi32(_mm512_slli_epi32::<8>(s2), s1);
+                    p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s21), c(1), p);
+                    let s0 = _mm512_add_epi32(s[2][0], s[2][1]);
+                    p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(2), p);
+                } else {
+                    let s0 = _mm512_add_epi32(s[0][0], s[0][1]);
+                    p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(0), p);
+                }
+            }
+            let gi = (tb * ng + g) * 16;
+            acc = _mm512_fmadd_ps(p, load16(a.float, a.scales.as_ptr(), gi), acc);
+            let b = load16(a.float, a.biases.as_ptr(), gi);
+            bias = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums.add(g)), bias);
+        }
+        _mm512_add_ps(acc, bias)
+    }
+}
+
+/// Rows `rows` of y = W x for a tiled 4-bit `a` (group 32, 64 or 128), with x as `nd` digit
+/// rows per 32-element block (`digits` [n/32, nd, 32], `coef` [n/32, nd]) and Σx per group
+/// (`sums`); y holds rows.len() elements. A range that cuts a 16-row block computes the
+/// whole block and keeps its part.
+///
+/// # Safety
+/// AVX-512 VNNI must be present and `a` tiled and checked; the digit buffers sized for a.n.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn tiled_rows(
+    a: &Affine<'_>,
+    nd: usize,
+    digits: &[i8],
+    coef: &[f32],
+    sums: &[f32],
+    y: &mut [f32],
+    rows: Range<usize>,
+) {
+    let (nb, ng) = (a.n / 32, a.groups());
+    assert!(digits.len() >= nb * nd * 32 && coef.len() >= nb * nd && sums.len() >= ng);
+    assert!(y.len() == rows.len() && matches!(nd, 1 | 3));
+    let mut tb = rows.start / 16;
+    while tb * 16 < rows.end {
+        // SAFETY: asserted above; block tb holds rows of the matrix (rows.end ≤ out, a
+        // multiple of 16).
+        let v = unsafe {
+            if nd == 3 {
+                block::<3>(a, tb, digits.as_ptr(), coef.as_ptr(), sums.as_ptr())
+            } else {
+                block::<1>(a, tb, digits.as_ptr(), coef.as_ptr(), sums.as_ptr())
+            }
+        };
+        let (lo, hi) = ((tb * 16).max(rows.start), (tb * 16 + 16).min(rows.end));
+        if lo == tb * 16 && hi == lo + 16 {
+            // SAFETY: y[lo - rows.start..][..16] is inside y.
+            unsafe { _mm512_storeu_ps(y.as_mut_ptr().add(lo - rows.start), v) };
+        } else {
+            let mut all = [0.0f32; 16];
+            // SAFETY: a 16-float array.
+            unsafe { _mm512_storeu_ps(all.as_mut_ptr(), v) };
+            y[lo - rows.start..hi - rows.start].copy_from_slice(&all[lo - tb * 16..hi - tb * 16]);
+        }
+        tb += 1;
+    }
+}
+
+/// The prefill tile's block of rows r0..r0+16 (r0 a multiple of 16) from a tiled `a`, in the
+/// layout of `avx512_vnni_mm::relayout16`: register kq of `wt` holds in lane r the four
+/// elements 4kq..4kq+4 of row r0+r as bytes; `sw`/`bw` each group's 16 scales/biases.
+///
+/// # Safety
+/// AVX-512 must be present, `a` tiled and checked; `wt` holds n/4 registers of 64 bytes and
+/// `sw`, `bw` 16·groups floats each.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn spread16(
+    a: &Affine<'_>,
+    r0: usize,
+    wt: &mut [u8],
+    sw: &mut [f32],
+    bw: &mut [f32],
+) {
+    let (nb, ng, tb) = (a.n / 32, a.groups(), r0 / 16);
+    assert!(r0.is_multiple_of(16) && wt.len() >= nb * 512 && sw.len() >= 16 * ng);
+    assert!(bw.len() >= 16 * ng);
+    // SAFETY: block tb's bytes exist (`check`); stores stay inside the sizes asserted above.
+    unsafe {
+        let nib = _mm512_set1_epi8(0x0F);
+        let wp = a.packed.as_ptr().add(tb * nb * 256);
+        for r in 0..nb * 4 {
+            let v = _mm512_loadu_si512(wp.add(64 * r) as *const _);
+            let d = wt.as_mut_ptr().add(128 * r);
+            _mm512_storeu_si512(d as *mut _, _mm512_and_si512(v, nib));
+            let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+            _mm512_storeu_si512(d.add(64) as *mut _, hi);
+        }
+        for g in 0..ng {
+            let gi = (tb * ng + g) * 16;
+            _mm512_storeu_ps(sw.as_mut_ptr().add(16 * g), load16(a.float, a.scales.as_ptr(), gi));
+            _mm512_storeu_ps(bw.as_mut_ptr().add(16 * g), load16(a.float, a.biases.as_ptr(), gi));
+        }
+    }
+}
