@@ -61,9 +61,11 @@ fn main() -> Result<()> {
     let cfg = store.config.clone();
     let loader = Loader::new(&store, &cfg);
     let mut dense = loader.dense()?;
-    // As `Model::open_with` gives the CPU backend (where VNNI exists); BROOK_BENCH_TILES=0
-    // keeps the checkpoint's row order.
-    if env("BROOK_BENCH_TILES", 1) == 1 && brook_core::model::open::OpenOptions::default().cpu_tiles() {
+    // As `Model::open_with` gives the CPU backend where VNNI exists, with every expert
+    // resident; BROOK_BENCH_TILES=0 keeps the checkpoint's row order.
+    let tiles = env("BROOK_BENCH_TILES", 1) == 1
+        && brook_core::model::open::OpenOptions::default().cpu_tiles();
+    if tiles {
         println!("{} dense matrices in 16-row tiles", dense.tile());
     }
     let k = cfg.num_experts_per_tok;
@@ -71,9 +73,14 @@ fn main() -> Result<()> {
         .map(|l| {
             (0..k)
                 .map(|e| {
-                    loader
-                        .routed_expert(l, e)
-                        .map(|x| Arc::new(x) as ExpertHandle)
+                    loader.routed_expert(l, e).map(|mut x| {
+                        if tiles {
+                            for m in [&mut x.gate_proj, &mut x.up_proj, &mut x.down_proj] {
+                                m.tile();
+                            }
+                        }
+                        Arc::new(x) as ExpertHandle
+                    })
                 })
                 .collect::<Result<Vec<_>>>()
         })

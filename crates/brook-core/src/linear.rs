@@ -31,7 +31,10 @@ pub enum Order {
 #[inline]
 pub fn tiled_nibble(n: usize, r: usize, i: usize) -> (usize, u32) {
     let (tb, lane, cb, j, w) = (r / 16, r % 16, i / 32, (i % 32) / 8, i % 8);
-    ((tb * (n / 32) + cb) * 256 + j * 64 + lane * 4 + w % 4, if w < 4 { 0 } else { 4 })
+    (
+        (tb * (n / 32) + cb) * 256 + j * 64 + lane * 4 + w % 4,
+        if w < 4 { 0 } else { 4 },
+    )
 }
 
 /// Where the scale (and bias) of group `g` of row `r` lies among a [`Order::Tiles`]
@@ -48,6 +51,56 @@ pub fn tiles_fit(spec: QuantSpec, out: usize, n: usize) -> bool {
         && out.is_multiple_of(16)
         && n.is_multiple_of(32)
         && n.is_multiple_of(spec.group_size)
+}
+
+/// Reorders the bytes of a 4-bit [out, n] matrix in [`Order::Rows`] that [`tiles_fit`] into
+/// [`Order::Tiles`] in place, one 16-row block at a time; returns false (touching nothing)
+/// for a spec or shape that does not fit or bytes too short for it (which `check` reports).
+pub fn tile_bytes(
+    spec: QuantSpec,
+    float: DType,
+    out: usize,
+    n: usize,
+    packed: &mut [u8],
+    scales: &mut [u8],
+    biases: &mut [u8],
+) -> bool {
+    let (groups, fs, rb) = (n / spec.group_size.max(1), float.size(), n / 2);
+    if !tiles_fit(spec, out, n)
+        || packed.len() < out * rb
+        || scales.len() < out * groups * fs
+        || biases.len() < out * groups * fs
+    {
+        return false;
+    }
+    let mut tmp = vec![0u8; 16 * rb.max(groups * fs)];
+    for tb in 0..out / 16 {
+        let blk = &mut packed[tb * 16 * rb..(tb + 1) * 16 * rb];
+        tmp[..blk.len()].copy_from_slice(blk);
+        for lane in 0..16 {
+            for (w8, src) in tmp[lane * rb..(lane + 1) * rb].chunks_exact(4).enumerate() {
+                // Word w8 holds elements 8·w8..8·w8+8 of the row, element e at bits 4e.
+                let w = u32::from_le_bytes([src[0], src[1], src[2], src[3]]);
+                let d = (0..4).fold(0u32, |d, k| {
+                    let (lo, hi) = ((w >> (4 * k)) & 15, (w >> (4 * k + 16)) & 15);
+                    d | ((lo | hi << 4) << (8 * k))
+                });
+                let at = (w8 / 4) * 256 + (w8 % 4) * 64 + lane * 4;
+                blk[at..at + 4].copy_from_slice(&d.to_le_bytes());
+            }
+        }
+        for v in [&mut *scales, &mut *biases] {
+            let blk = &mut v[tb * 16 * groups * fs..(tb + 1) * 16 * groups * fs];
+            tmp[..blk.len()].copy_from_slice(blk);
+            for lane in 0..16 {
+                for g in 0..groups {
+                    let (src, dst) = ((lane * groups + g) * fs, (g * 16 + lane) * fs);
+                    blk[dst..dst + fs].copy_from_slice(&tmp[src..src + fs]);
+                }
+            }
+        }
+    }
+    true
 }
 
 /// Owned storage of a weight matrix of logical shape [out, in].
@@ -182,9 +235,8 @@ impl Linear {
         }
     }
 
-    /// Moves a 4-bit matrix that [`tiles_fit`] into [`Order::Tiles`] in place (the same
-    /// bytes, reordered one 16-row block at a time); returns whether it did. Other matrices,
-    /// and bytes too short for the shape (which `check` reports later), stay as they are.
+    /// Moves a 4-bit matrix that [`tiles_fit`] into [`Order::Tiles`] in place (see
+    /// [`tile_bytes`]); returns whether it did. Other matrices stay as they are.
     pub fn tile(&mut self) -> bool {
         let (out, n) = (self.out_features, self.in_features);
         let Weights::Affine {
@@ -198,41 +250,8 @@ impl Linear {
         else {
             return false;
         };
-        let (groups, fs, rb) = (n / spec.group_size.max(1), float.size(), n / 2);
-        if *order != Order::Rows
-            || !tiles_fit(*spec, out, n)
-            || packed.len() < out * rb
-            || scales.len() < out * groups * fs
-            || biases.len() < out * groups * fs
-        {
+        if *order != Order::Rows || !tile_bytes(*spec, *float, out, n, packed, scales, biases) {
             return false;
-        }
-        let mut tmp = vec![0u8; 16 * rb.max(groups * fs)];
-        for tb in 0..out / 16 {
-            let blk = &mut packed[tb * 16 * rb..(tb + 1) * 16 * rb];
-            tmp[..blk.len()].copy_from_slice(blk);
-            for lane in 0..16 {
-                for (w8, src) in tmp[lane * rb..(lane + 1) * rb].chunks_exact(4).enumerate() {
-                    // Word w8 holds elements 8·w8..8·w8+8 of the row, element e at bits 4e.
-                    let w = u32::from_le_bytes([src[0], src[1], src[2], src[3]]);
-                    let d = (0..4).fold(0u32, |d, k| {
-                        let (lo, hi) = ((w >> (4 * k)) & 15, (w >> (4 * k + 16)) & 15);
-                        d | ((lo | hi << 4) << (8 * k))
-                    });
-                    let at = (w8 / 4) * 256 + (w8 % 4) * 64 + lane * 4;
-                    blk[at..at + 4].copy_from_slice(&d.to_le_bytes());
-                }
-            }
-            for v in [&mut *scales, &mut *biases] {
-                let blk = &mut v[tb * 16 * groups * fs..(tb + 1) * 16 * groups * fs];
-                tmp[..blk.len()].copy_from_slice(blk);
-                for lane in 0..16 {
-                    for g in 0..groups {
-                        let (src, dst) = ((lane * groups + g) * fs, (g * 16 + lane) * fs);
-                        blk[dst..dst + fs].copy_from_slice(&tmp[src..src + fs]);
-                    }
-                }
-            }
         }
         *order = Order::Tiles;
         true

@@ -33,7 +33,12 @@ fn q4(rng: &mut Rng, out: usize, inp: usize, group: usize, float: DType) -> Line
 
 fn tiled(w: &Linear) -> Linear {
     let mut t = w.clone();
-    assert!(t.tile(), "[{}, {}] should tile", w.out_features, w.in_features);
+    assert!(
+        t.tile(),
+        "[{}, {}] should tile",
+        w.out_features,
+        w.in_features
+    );
     t
 }
 
@@ -87,8 +92,8 @@ fn tiles_hold_every_row_and_refuse_what_does_not_fit() {
         float: DType::BF16,
     };
     for (out, inp, f) in [
-        (33, 256, fmt(4, 64)),        // rows not a multiple of 16
-        (32, 256, fmt(8, 64)),        // 8 bits
+        (33, 256, fmt(4, 64)), // rows not a multiple of 16
+        (32, 256, fmt(8, 64)), // 8 bits
         (32, 256, Format::Float(DType::F32)),
     ] {
         let mut w = random_linear(&mut rng, out, inp, f);
@@ -137,6 +142,38 @@ fn tiled_matvec_matches_reference_at_every_level_and_precision() {
                             assert!((g - w).abs() <= tol, "{what}: row {r}: {g} vs {w}");
                         }
                     }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn rows_and_tiles_give_the_same_bits_where_vnni_exists() {
+    // An expert streamed into a slot stays in rows, a resident one goes into tiles: the
+    // cache must not change results, so both orders must sum alike to the bit.
+    if !SimdLevel::has_vnni() {
+        return;
+    }
+    let mut rng = Rng::new(25);
+    let mut xp = XPrep::new();
+    for group in [32, 64, 128] {
+        for float in FLOATS {
+            for (out, inp) in shapes(group) {
+                let w = q4(&mut rng, out, inp, group, float);
+                let t = tiled(&w);
+                let x = spread(&mut rng, inp);
+                for p in [Precision::F32, Precision::Split24, Precision::Fast] {
+                    xp.prepare_with(SimdLevel::Avx512, p, &x);
+                    let (mut yr, mut yt) = (vec![f32::NAN; out], vec![f32::NAN; out]);
+                    matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut yr, 0..out);
+                    matvec_rows(SimdLevel::Avx512, &t.view(), &xp, &mut yt, 0..out);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&yr),
+                        bits(&yt),
+                        "{p:?} g{group} {float:?} [{out}, {inp}]"
+                    );
                 }
             }
         }
@@ -208,4 +245,3 @@ fn a_model_opened_for_the_cpu_holds_its_projections_in_tiles_where_vnni_exists()
     assert_eq!(order(&d.lm_head), Order::Rows);
     assert_eq!(order(&d.layers[0].mlp.gate), Order::Rows);
 }
-

@@ -244,8 +244,44 @@ impl ExpertLayout {
         })
     }
 
+    /// Moves every projection of the expert in `blob` that can take them into 16-row tiles
+    /// ([`crate::linear::Order::Tiles`]), in place; read it back with
+    /// [`ExpertLayout::view_as`] and `tiled` set.
+    pub fn tile(&self, blob: &mut [u8]) {
+        for p in &self.projs {
+            if let ProjKind::Affine {
+                spec,
+                float,
+                w,
+                s,
+                b,
+            } = &p.kind
+            {
+                let (mut sc, mut bi) = (blob[s.clone()].to_vec(), blob[b.clone()].to_vec());
+                let (out, inp) = (p.out, p.inp);
+                if crate::linear::tile_bytes(
+                    *spec,
+                    *float,
+                    out,
+                    inp,
+                    &mut blob[w.clone()],
+                    &mut sc,
+                    &mut bi,
+                ) {
+                    blob[s.clone()].copy_from_slice(&sc);
+                    blob[b.clone()].copy_from_slice(&bi);
+                }
+            }
+        }
+    }
+
     /// The expert held in `blob` (at least `blob_size` bytes), without copying.
     pub fn view<'a>(&self, blob: &'a [u8]) -> ExpertView<'a> {
+        self.view_as(blob, false)
+    }
+
+    /// [`ExpertLayout::view`] of a blob that [`ExpertLayout::tile`] moved when `tiled`.
+    pub fn view_as<'a>(&self, blob: &'a [u8], tiled: bool) -> ExpertView<'a> {
         let lin = |p: &Proj| LinearRef {
             out_features: p.out,
             in_features: p.inp,
@@ -266,7 +302,11 @@ impl ExpertLayout {
                     packed: &blob[w.clone()],
                     scales: &blob[s.clone()],
                     biases: &blob[b.clone()],
-                    order: crate::linear::Order::Rows,
+                    order: if tiled && crate::linear::tiles_fit(*spec, p.out, p.inp) {
+                        crate::linear::Order::Tiles
+                    } else {
+                        crate::linear::Order::Rows
+                    },
                 },
             },
         };

@@ -53,13 +53,13 @@ unsafe fn block<const D: usize>(
         let wp = a.packed.as_ptr().add(tb * nb * 256);
         let nib = _mm512_set1_epi8(0x0F);
         let mut acc = _mm512_setzero_ps();
-        let mut bias = _mm512_setzero_ps();
         for g in 0..ng {
             let mut p = _mm512_setzero_ps();
             for blk in g * bpg..(g + 1) * bpg {
                 let w = wp.add(blk * 256);
                 let d = digits.add(blk * D * 32);
-                let bc = |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
+                let bc =
+                    |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
                 let mut s = [[_mm512_setzero_si512(); 2]; D];
                 for j in 0..4 {
                     _mm_prefetch::<_MM_HINT_T0>(w.add(4096 + 64 * j) as *const i8);
@@ -85,12 +85,15 @@ unsafe fn block<const D: usize>(
                     p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(0), p);
                 }
             }
+            // The float steps of `avx512_vnni_mm::tile` for one token, in its order, so a
+            // matrix gives the same bits in tiles as in rows (experts are tiled only when
+            // resident, and the cache must not change results).
             let gi = (tb * ng + g) * 16;
             acc = _mm512_fmadd_ps(p, load16(a.float, a.scales.as_ptr(), gi), acc);
             let b = load16(a.float, a.biases.as_ptr(), gi);
-            bias = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums.add(g)), bias);
+            acc = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums.add(g)), acc);
         }
-        _mm512_add_ps(acc, bias)
+        acc
     }
 }
 
@@ -170,8 +173,14 @@ pub(super) unsafe fn spread16(
         }
         for g in 0..ng {
             let gi = (tb * ng + g) * 16;
-            _mm512_storeu_ps(sw.as_mut_ptr().add(16 * g), load16(a.float, a.scales.as_ptr(), gi));
-            _mm512_storeu_ps(bw.as_mut_ptr().add(16 * g), load16(a.float, a.biases.as_ptr(), gi));
+            _mm512_storeu_ps(
+                sw.as_mut_ptr().add(16 * g),
+                load16(a.float, a.scales.as_ptr(), gi),
+            );
+            _mm512_storeu_ps(
+                bw.as_mut_ptr().add(16 * g),
+                load16(a.float, a.biases.as_ptr(), gi),
+            );
         }
     }
 }

@@ -122,6 +122,49 @@ pub(super) unsafe fn matmul_rows(
     });
 }
 
+/// Rows `rows` of y = W x for one token of a 4-bit `a` (either order; n a multiple of 32,
+/// group 32, 64 or 128) from its digits, written to `y` (rows.len()): the prefill tile at
+/// T = 1, so the sums are the same bits as `avx512_tiles::tiled_rows` gives for the matrix in
+/// tiles (an expert read into a slot in rows and one held resident in tiles agree exactly).
+///
+/// # Safety
+/// As [`matmul_rows`] for t = 1.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn matvec_rows(a: &Affine<'_>, x: Digits<'_>, y: &mut [f32], rows: Range<usize>) {
+    let (n, ng) = (a.n, a.groups());
+    assert!(a.bits == 4 && n % 32 == 0 && matches!(a.group, 32 | 64 | 128));
+    assert!(x.bytes.len() >= n * x.nd && x.sums.len() >= ng && y.len() == rows.len());
+    BLOCK.with_borrow_mut(|(wt, sc)| {
+        if wt.len() < n.div_ceil(64) * 16 * 64 {
+            wt.resize(n.div_ceil(64) * 16 * 64, 0);
+        }
+        if sc.len() < 2 * 16 * ng {
+            sc.resize(2 * 16 * ng, 0.0);
+        }
+        let (sw, bw) = sc.split_at_mut(16 * ng);
+        let ys = SharedMut::new(y);
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let nr = 16.min(rows.end - r0);
+            // SAFETY: rows r0..r0+nr exist; the buffers were sized above; the tile writes Y's
+            // elements r0 − rows.start .. + nr (token 0), inside y.
+            unsafe {
+                if a.order == Order::Tiles {
+                    tiled16(a, r0, nr, wt, sw, bw)
+                } else {
+                    relayout16(a, r0, nr, wt, sw, bw)
+                }
+                if x.nd == 1 {
+                    tile::<1, 1>(wt, sw, bw, x, a, 0, 0, ys, r0 - rows.start, nr);
+                } else {
+                    tile::<3, 1>(wt, sw, bw, x, a, 0, 0, ys, r0 - rows.start, nr);
+                }
+            }
+            r0 += nr;
+        }
+    });
+}
+
 /// [`relayout16`] for a tiled `a`: a whole aligned block spreads its nibbles in place
 /// (`avx512_tiles::spread16`); a block a range cuts (no caller does) goes element by element.
 ///

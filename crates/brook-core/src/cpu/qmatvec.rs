@@ -118,7 +118,10 @@ pub fn check(w: &LinearRef<'_>) -> Result<()> {
                 return bad(p);
             }
             if order == Order::Tiles && !crate::linear::tiles_fit(spec, out, n) {
-                return bad(format!("{}-bit groups of {} in 16-row tiles", spec.bits, spec.group_size));
+                return bad(format!(
+                    "{}-bit groups of {} in 16-row tiles",
+                    spec.bits, spec.group_size
+                ));
             }
             if !float.is_float() {
                 return bad(format!("scales of dtype {float}"));
@@ -176,6 +179,23 @@ pub fn matvec_rows(
             };
             if a.order == Order::Tiles {
                 return tiled_rows(level, w, &a, xp, y, rows);
+            }
+            // Where the tile digits exist, 4-bit rows take the same arithmetic as tiles.
+            #[cfg(target_arch = "x86_64")]
+            if level == SimdLevel::Avx512
+                && a.bits == 4
+                && matches!(a.group, 32 | 64 | 128)
+                && let Some((nd, bytes, coef)) = xp.tiles()
+            {
+                let x = super::avx512_vnni_mm::Digits {
+                    nd,
+                    bytes,
+                    coef,
+                    sums: xp.sums(a.group),
+                };
+                // SAFETY: tile digits exist only with VNNI and n a multiple of 32; `check`
+                // guaranteed the byte lengths.
+                return unsafe { super::avx512_vnni_mm::matvec_rows(&a, x, y, rows) };
             }
             match level {
                 #[cfg(target_arch = "x86_64")]

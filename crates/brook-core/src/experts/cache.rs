@@ -119,6 +119,8 @@ struct Shared {
     bufs: Vec<SlotBuf>,
     store: ExpertStore,
     layouts: Vec<Arc<ExpertLayout>>,
+    /// Whether slots hold their experts in 16-row tiles ([`ExpertCache::tile_experts`]).
+    tiles: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -182,6 +184,7 @@ impl ExpertCache {
                 .collect(),
             store,
             layouts,
+            tiles: std::sync::atomic::AtomicBool::new(false),
         });
         let threads = (0..io_threads.max(1))
             .map(|i| {
@@ -201,6 +204,15 @@ impl ExpertCache {
     }
 
     /// Number of slots.
+    /// Has every expert read from now on moved into 16-row tiles in its slot, for the CPU
+    /// backend's VNNI kernels. Meant for a cache that holds every expert (the move costs
+    /// about a millisecond of CPU per expert, once); call it before the first fetch.
+    pub fn tile_experts(&self) {
+        self.shared
+            .tiles
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn slots(&self) -> usize {
         self.shared.bufs.len()
     }
@@ -280,6 +292,9 @@ fn io_loop(s: &Shared) {
             .store
             .check(layer)
             .and_then(|()| s.store.read(layer, e, buf));
+        if result.is_ok() && s.tiles.load(std::sync::atomic::Ordering::Relaxed) {
+            s.layouts[layer].tile(buf);
+        }
         let mut st = s.lock();
         st.in_flight -= 1;
         if st.in_flight == 0
@@ -466,7 +481,8 @@ impl ExpertData for SlotHandle {
         // SAFETY: the slot is pinned by this handle and not Loading, so no I/O thread writes
         // it until the pin is released; a shared borrow for the handle's life is sound.
         let buf = unsafe { &*self.shared.bufs[self.slot].0.get() };
-        self.shared.layouts[self.layer].view(buf)
+        let tiled = self.shared.tiles.load(std::sync::atomic::Ordering::Relaxed);
+        self.shared.layouts[self.layer].view_as(buf, tiled)
     }
 }
 

@@ -219,6 +219,9 @@ impl Model {
                 total,
                 opts.io_threads,
             );
+            if opts.cpu_tiles() {
+                cache.tile_experts();
+            }
             // Load everything through the cache once; with a slot per expert nothing is evicted.
             let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
             for l in 0..cfg.num_hidden_layers {

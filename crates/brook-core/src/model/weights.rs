@@ -98,15 +98,14 @@ impl DenseWeights {
                     &mut w.in_proj_a,
                     &mut w.out_proj,
                 ]),
-                Mixer::Full(w) => mats.extend([
-                    &mut w.q_proj,
-                    &mut w.k_proj,
-                    &mut w.v_proj,
-                    &mut w.o_proj,
-                ]),
+                Mixer::Full(w) => {
+                    mats.extend([&mut w.q_proj, &mut w.k_proj, &mut w.v_proj, &mut w.o_proj])
+                }
             }
         }
-        mats.into_iter().filter_map(|m| m.tile().then_some(())).count()
+        mats.into_iter()
+            .filter_map(|m| m.tile().then_some(()))
+            .count()
     }
 }
 

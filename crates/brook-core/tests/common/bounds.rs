@@ -98,4 +98,3 @@ pub fn bounds(w: &Linear, x: &[f32]) -> Vec<(f32, f32)> {
         })
         .collect()
 }
-
