@@ -77,6 +77,10 @@ pub fn tile_bytes(
     for tb in 0..out / 16 {
         let blk = &mut packed[tb * 16 * rb..(tb + 1) * 16 * rb];
         tmp[..blk.len()].copy_from_slice(blk);
+        if crate::cpu::tile_block16(&tmp[..16 * rb], rb, blk) {
+            tile_scales(tb, groups, fs, scales, biases, &mut tmp);
+            continue;
+        }
         for lane in 0..16 {
             for (w8, src) in tmp[lane * rb..(lane + 1) * rb].chunks_exact(4).enumerate() {
                 // Word w8 holds elements 8·w8..8·w8+8 of the row, element e at bits 4e.
@@ -89,18 +93,31 @@ pub fn tile_bytes(
                 blk[at..at + 4].copy_from_slice(&d.to_le_bytes());
             }
         }
-        for v in [&mut *scales, &mut *biases] {
-            let blk = &mut v[tb * 16 * groups * fs..(tb + 1) * 16 * groups * fs];
-            tmp[..blk.len()].copy_from_slice(blk);
-            for lane in 0..16 {
-                for g in 0..groups {
-                    let (src, dst) = ((lane * groups + g) * fs, (g * 16 + lane) * fs);
-                    blk[dst..dst + fs].copy_from_slice(&tmp[src..src + fs]);
-                }
+        tile_scales(tb, groups, fs, scales, biases, &mut tmp);
+    }
+    true
+}
+
+/// The scales and biases of 16-row block `tb` moved to group after group (see
+/// [`tile_bytes`]); `tmp` holds at least 16·groups·fs bytes.
+fn tile_scales(
+    tb: usize,
+    groups: usize,
+    fs: usize,
+    scales: &mut [u8],
+    biases: &mut [u8],
+    tmp: &mut [u8],
+) {
+    for v in [scales, biases] {
+        let blk = &mut v[tb * 16 * groups * fs..(tb + 1) * 16 * groups * fs];
+        tmp[..blk.len()].copy_from_slice(blk);
+        for lane in 0..16 {
+            for g in 0..groups {
+                let (src, dst) = ((lane * groups + g) * fs, (g * 16 + lane) * fs);
+                blk[dst..dst + fs].copy_from_slice(&tmp[src..src + fs]);
             }
         }
     }
-    true
 }
 
 /// Owned storage of a weight matrix of logical shape [out, in].

@@ -1,5 +1,6 @@
 //! AVX-512 (F, BW, VL, VBMI) matvec kernels behind [`super::qmatvec`], and the loads, widening
-//! and prefetch helpers that `avx512_split.rs` (Split24) and `avx512_mm.rs` (prefill) share.
+//! and prefetch helpers that `avx512_mm.rs` (the f32 prefill tile) shares. On AVX-512 VNNI the
+//! 4-bit products go to `avx512_vnni_mm.rs` and `avx512_tiles.rs` instead.
 //!
 //! Owns the 512-bit inner loops only: 4-bit rows unpack 16 words at once and turn nibbles into
 //! floats with one `vpermps` table lookup (x comes pre-permuted into that lane order, see

@@ -7,8 +7,8 @@
 //! broadcast, so every row's sum stays in its own lane: no horizontal sums, no re-layout, and
 //! the weights stream as one sequential run. Digit sums are scaled once per 32 elements (as
 //! in `avx512_vnni_mm.rs`), weight scales and MLX biases once per group as 16-lane vectors.
-//! No allocation, no shape checks (callers checked them). Mirrors the row kernels of
-//! `avx512_split.rs` and `avx512_q8.rs`, which compute the same sums from [`Order::Rows`].
+//! No allocation, no shape checks (callers checked them). Mirrors `avx512_vnni_mm.rs`, whose
+//! one-token tile computes the same sums, to the bit, from [`Order::Rows`].
 //!
 //! [`Order::Tiles`]: crate::linear::Order::Tiles
 //! [`Order::Rows`]: crate::linear::Order::Rows
@@ -181,6 +181,50 @@ pub(super) unsafe fn spread16(
                 bw.as_mut_ptr().add(16 * g),
                 load16(a.float, a.biases.as_ptr(), gi),
             );
+        }
+    }
+}
+
+/// The packed bytes of one 16-row block moved from [`Order::Rows`] (`src`: 16 rows of `rb`
+/// bytes, rb a multiple of 16) to [`Order::Tiles`] (`dst`, as many bytes): per 32-byte piece
+/// of the rows, a 16×8 transpose of words (`avx512_vnni_mm::words16`), then each word's
+/// nibbles regrouped with two `vpmultishiftqb`: byte k takes element k low and k+4 high.
+///
+/// # Safety
+/// AVX-512 (with VBMI) must be present.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
+pub(crate) unsafe fn tile_block16(src: &[u8], rb: usize, dst: &mut [u8]) {
+    assert!(rb.is_multiple_of(16) && src.len() >= 16 * rb && dst.len() >= 16 * rb);
+    let ctl = |off: u8| {
+        let mut c = [0u8; 8];
+        for k in 0..4 {
+            c[k] = 4 * k as u8 + off;
+            c[4 + k] = 32 + 4 * k as u8 + off;
+        }
+        _mm512_set1_epi64(i64::from_le_bytes(c))
+    };
+    // Byte k of a word: bits 4k.. (element k, kept low) and 4k+12.. (element k+4, kept high).
+    let (ctl_lo, ctl_hi, low) = (ctl(0), ctl(12), _mm512_set1_epi8(0x0F));
+    let words = rb / 4;
+    // SAFETY: loads stay inside each row's rb bytes (masked for a last 16-byte piece); stores
+    // stay below words/4 · 256 = 16·rb bytes of dst.
+    unsafe {
+        for c in 0..rb.div_ceil(32) {
+            let m: __mmask32 = if rb - c * 32 >= 32 { u32::MAX } else { 0xFFFF };
+            let ld = |r: usize| {
+                _mm256_maskz_loadu_epi8(m, src.as_ptr().add(r * rb + c * 32) as *const i8)
+            };
+            let o = super::avx512_vnni_mm::words16(ld);
+            for (w, &o) in o.iter().enumerate() {
+                let w8 = c * 8 + w;
+                if w8 < words {
+                    let x = _mm512_multishift_epi64_epi8(ctl_lo, o);
+                    let y = _mm512_multishift_epi64_epi8(ctl_hi, o);
+                    let v = _mm512_or_si512(_mm512_and_si512(x, low), _mm512_andnot_si512(low, y));
+                    let at = (w8 / 4) * 256 + (w8 % 4) * 64;
+                    _mm512_storeu_si512(dst.as_mut_ptr().add(at) as *mut _, v);
+                }
+            }
         }
     }
 }

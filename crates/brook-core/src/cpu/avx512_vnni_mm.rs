@@ -10,7 +10,8 @@
 //! come out as one vector. Digit sums are scaled once per 32 elements and the weight scale and
 //! MLX bias once per group. No shape checks (`qmatmul.rs` checked them); buffers are per
 //! thread and only grow. Mirrors the f32 tile in `avx512_mm.rs`, which computes the same sums
-//! in f32 (the decode kernels of `avx512_split.rs` and `avx512_q8.rs` take the same digits).
+//! in f32. One-token products of 4-bit rows take the same tile at T = 1 ([`matvec_rows`]),
+//! so they give the same bits as `avx512_tiles.rs` on the same matrix in tiles.
 //!
 //! [`Precision::Split24`]: super::Precision::Split24
 //! [`Precision::Fast`]: super::Precision::Fast
@@ -257,8 +258,6 @@ unsafe fn relayout16(
     };
     let (ctl_lo, ctl_hi) = (spread([0, 4, 8, 12]), spread([16, 20, 24, 28]));
     let nib = _mm512_set1_epi8(0x0F);
-    let idx_lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
-    let idx_hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
     // SAFETY: each load reads at most the row's n/2 bytes (masked at the end); stores stay
     // below n/4 registers of 64 bytes, which `wt` holds.
     unsafe {
@@ -273,38 +272,15 @@ unsafe fn relayout16(
                 Some((p, _, _)) => _mm256_maskz_loadu_epi8(m, p.as_ptr().add(c * 32) as *const i8),
                 None => _mm256_setzero_si256(),
             };
-            let z: [__m512i; 8] = std::array::from_fn(|i| {
-                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(i)), ld(i + 8))
-            });
-            let t: [__m512i; 8] = std::array::from_fn(|j| {
-                if j % 2 == 0 {
-                    _mm512_unpacklo_epi32(z[j], z[j + 1])
-                } else {
-                    _mm512_unpackhi_epi32(z[j - 1], z[j])
-                }
-            });
-            // u[m] / v[m]: words m and m+4 of rows 0-3 and 8-11 / 4-7 and 12-15.
-            let half = |t0: __m512i, t1: __m512i, t2: __m512i, t3: __m512i| {
-                [
-                    _mm512_unpacklo_epi64(t0, t2),
-                    _mm512_unpackhi_epi64(t0, t2),
-                    _mm512_unpacklo_epi64(t1, t3),
-                    _mm512_unpackhi_epi64(t1, t3),
-                ]
-            };
-            let u = half(t[0], t[1], t[2], t[3]);
-            let v = half(t[4], t[5], t[6], t[7]);
-            for m4 in 0..4 {
-                for (word, idx) in [(m4, idx_lo), (m4 + 4, idx_hi)] {
-                    let o = _mm512_permutex2var_epi64(u[m4], idx, v[m4]);
-                    let kq = c * 16 + 2 * word;
-                    if kq < nkq {
-                        let lo = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_lo, o), nib);
-                        let hi = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_hi, o), nib);
-                        let d = wt.as_mut_ptr().add(kq * 64);
-                        _mm512_storeu_si512(d as *mut _, lo);
-                        _mm512_storeu_si512(d.add(64) as *mut _, hi);
-                    }
+            let o = words16(ld);
+            for (word, &o) in o.iter().enumerate() {
+                let kq = c * 16 + 2 * word;
+                if kq < nkq {
+                    let lo = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_lo, o), nib);
+                    let hi = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_hi, o), nib);
+                    let d = wt.as_mut_ptr().add(kq * 64);
+                    _mm512_storeu_si512(d as *mut _, lo);
+                    _mm512_storeu_si512(d.add(64) as *mut _, hi);
                 }
             }
         }
@@ -391,4 +367,38 @@ unsafe fn tile<const D: usize, const TT: usize>(
         }
     }
     TT
+}
+
+/// Word w of each of 16 rows' 32-byte pieces (`ld(r)`: row r's piece) as register w, lane r:
+/// a 16×8 transpose of dwords (unpacks of dwords and qwords, then one two-source qword
+/// permute per register).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2")]
+pub(super) unsafe fn words16(ld: impl Fn(usize) -> __m256i) -> [__m512i; 8] {
+    let z: [__m512i; 8] =
+        std::array::from_fn(|i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(ld(i)), ld(i + 8)));
+    let t: [__m512i; 8] = std::array::from_fn(|j| {
+        if j % 2 == 0 {
+            _mm512_unpacklo_epi32(z[j], z[j + 1])
+        } else {
+            _mm512_unpackhi_epi32(z[j - 1], z[j])
+        }
+    });
+    // u[m] / v[m]: words m and m+4 of rows 0-3 and 8-11 / 4-7 and 12-15.
+    let half = |t0: __m512i, t1: __m512i, t2: __m512i, t3: __m512i| {
+        [
+            _mm512_unpacklo_epi64(t0, t2),
+            _mm512_unpackhi_epi64(t0, t2),
+            _mm512_unpacklo_epi64(t1, t3),
+            _mm512_unpackhi_epi64(t1, t3),
+        ]
+    };
+    let u = half(t[0], t[1], t[2], t[3]);
+    let v = half(t[4], t[5], t[6], t[7]);
+    let idx_lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let idx_hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    std::array::from_fn(|w| {
+        let (m4, idx) = if w < 4 { (w, idx_lo) } else { (w - 4, idx_hi) };
+        _mm512_permutex2var_epi64(u[m4], idx, v[m4])
+    })
 }

@@ -180,7 +180,8 @@ pub fn matvec_rows(
             if a.order == Order::Tiles {
                 return tiled_rows(level, w, &a, xp, y, rows);
             }
-            // Where the tile digits exist, 4-bit rows take the same arithmetic as tiles.
+            // Where the tile digits exist (AVX-512 VNNI, 32 | n), 4-bit rows take the same
+            // arithmetic as tiles: Split24 digits for the exact precisions, int8 for Fast.
             #[cfg(target_arch = "x86_64")]
             if level == SimdLevel::Avx512
                 && a.bits == 4
@@ -198,18 +199,6 @@ pub fn matvec_rows(
                 return unsafe { super::avx512_vnni_mm::matvec_rows(&a, x, y, rows) };
             }
             match level {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: VNNI is present (`split()` is only set when it is) and `check`
-                // guaranteed the byte lengths.
-                SimdLevel::Avx512 if xp.split().is_some() => unsafe {
-                    super::avx512_split::affine_rows_split(&a, xp, y, rows)
-                },
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: VNNI is present (`q8()` is only set when it is) and `check`
-                // guaranteed the byte lengths.
-                SimdLevel::Avx512 if xp.q8().is_some() => unsafe {
-                    super::avx512_q8::affine_rows_q8(&a, xp, y, rows)
-                },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the level is supported and `check` guaranteed the byte lengths.
                 SimdLevel::Avx512 => unsafe { super::avx512::affine_rows(&a, xp, y, rows) },

@@ -1,6 +1,6 @@
 //! Activation preparation for the decode kernels: [`XPrep`] holds x in the order a kernel
-//! unpacks weights, its per-group sums (for the folded MLX bias), and the integer forms the
-//! VNNI kernels read, for the [`Precision`] chosen. Moved out of qmatvec.rs unchanged.
+//! unpacks weights, its per-group sums (for the folded MLX bias), and the integer digits the
+//! VNNI kernels read, for the [`Precision`] chosen.
 
 use crate::cpu::SimdLevel;
 
@@ -8,8 +8,9 @@ use crate::cpu::SimdLevel;
 /// prefill matmul (which at Split24 and Fast runs the integer tile of `avx512_vnni_mm.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
-    /// f32 products and sums (FMA), as the reference. (The forward pass's prefill at this
-    /// precision takes Split24's tile where VNNI exists: `Exec::batch_precision`.)
+    /// f32 products and sums (FMA), as the reference. Where AVX-512 VNNI exists, 4-bit
+    /// products take Split24's digits instead (it is exact too): the one-token kernels always,
+    /// the forward pass's prefill through `Exec::batch_precision`.
     #[default]
     F32,
     /// Each activation x is written exactly to 2^-23 of its 32-element block's largest |x|
@@ -22,7 +23,7 @@ pub enum Precision {
     Split24,
     /// Lossy (`--precision fast`): each 32-element block of x is rounded to int8 with its
     /// own scale d = max|x|/127 (llama.cpp's Q8 activations), and 4-bit weights multiply it
-    /// with `vpdpbusd`, two instructions per 64 weight bytes. Scales, biases and the bias
+    /// with `vpdpbusd`, two instructions per 64 weight bytes (Split24: six). Scales, biases and the bias
     /// term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a row's error is
     /// bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX-512 VNNI; elsewhere, and for
     /// widths other than 4 bits, it runs as `F32`.
@@ -46,21 +47,9 @@ pub struct XPrep {
     pub(crate) x: Vec<f32>, // [n] as given
     lanes: Vec<f32>,        // [n rounded up to a lane block] x in 4-bit lane order (x86 only)
     sums: [Vec<f32>; 3],    // [n/32], [n/64], [n/128]: Σx per group; empty when n % g ≠ 0
-    ints: Ints,             // what `digits` and `lane_inv` hold
-    digits: Vec<i8>,        // Split24: [n/128 blocks, 6, 64]; Fast: [n/128, 2, 64], vpdpbusd order
-    lane_inv: Vec<f32>,     // [n/8]: the scale (2^-k, or d) of each 8-element lane's 32-block
     tnd: usize,             // digits per element in `tiles`: 0 (none), 1 (Fast) or 3 (else)
     tiles: Vec<i8>,         // [n/32, tnd, 32]: each 32-block's digits in element order
     tcoef: Vec<f32>,        // [n/32, tnd]: the factor of each digit row's sums
-}
-
-/// The integer form of x an [`XPrep`] holds beside the floats.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-enum Ints {
-    #[default]
-    None,
-    Split24,
-    Q8,
 }
 
 impl XPrep {
@@ -80,9 +69,6 @@ impl XPrep {
                 Vec::with_capacity(n / 64),
                 Vec::with_capacity(n / 128),
             ],
-            ints: Ints::None,
-            digits: Vec::with_capacity(n.div_ceil(128) * 384),
-            lane_inv: Vec::with_capacity(n.div_ceil(128) * 16),
             tnd: 0,
             tiles: Vec::with_capacity(3 * n),
             tcoef: Vec::with_capacity(3 * n / 32),
@@ -100,15 +86,9 @@ impl XPrep {
     /// kernels of 16-row tiles read ([`crate::linear::Order::Tiles`]): int8 at `Fast`, and
     /// Split24's exact digits otherwise (tiled matrices have no f32 kernel there).
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
-        self.ints = Ints::None;
         self.tnd = 0;
         self.fill(level, x);
         if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && x.len().is_multiple_of(32) {
-            match precision {
-                Precision::Split24 => self.split_digits(x),
-                Precision::Fast => self.q8_digits(x),
-                Precision::F32 => {}
-            }
             let nd = if precision == Precision::Fast { 1 } else { 3 };
             let blocks = x.len() / 32;
             self.tiles.clear();
@@ -167,69 +147,10 @@ impl XPrep {
         }
     }
 
-    /// Writes the Split24 digits: per 32-element block X = round(x·2^k) with |X| ≤ 2^22, then
-    /// X = d₂·2^16 + d₁·2^8 + d₀ with balanced digits in [−128, 127]. Block b of 128 elements
-    /// holds six 64-byte rows (d₂ even, d₂ odd, d₁ even, d₁ odd, d₀ even, d₀ odd); byte 4j+t of
-    /// an even row is element 8j+2t (odd: 8j+2t+1), matching the low and high nibbles of
-    /// packed word j.
-    fn split_digits(&mut self, x: &[f32]) {
-        let n = x.len();
-        let blocks = n.div_ceil(128);
-        self.digits.clear();
-        self.digits.resize(blocks * 384, 0);
-        self.lane_inv.clear();
-        self.lane_inv.resize(blocks * 16, 0.0);
-        for (c, xc) in x.chunks_exact(32).enumerate() {
-            let (blk, base) = (c / 4, (c % 4) * 32);
-            let at = blk * 384 + base / 2;
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: only called when VNNI (hence AVX-512) is present; `xc` holds 32 floats
-            // and the digit rows at `at` (+64, +128, ..., +320) hold 16 bytes each.
-            let inv =
-                unsafe { super::avx512_split::split_chunk(xc, &mut self.digits[at..at + 336]) };
-            #[cfg(not(target_arch = "x86_64"))]
-            let inv = 0.0;
-            for j in 0..4 {
-                self.lane_inv[blk * 16 + (c % 4) * 4 + j] = inv;
-            }
-        }
-        self.ints = Ints::Split24;
-    }
-
-    /// Writes x as int8 per 32-element block (see [`Precision::Fast`]): block b of 128
-    /// elements holds two 64-byte rows (even elements, odd elements) in the order of
-    /// [`XPrep::split_digits`]'s d₂ rows; `lane_inv` holds each lane's d.
-    fn q8_digits(&mut self, x: &[f32]) {
-        let blocks = x.len().div_ceil(128);
-        self.digits.clear();
-        self.digits.resize(blocks * 128, 0);
-        self.lane_inv.clear();
-        self.lane_inv.resize(blocks * 16, 0.0);
-        for (c, xc) in x.chunks_exact(32).enumerate() {
-            let at = (c / 4) * 128 + (c % 4) * 16;
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: only called when VNNI (hence AVX-512) is present; `xc` holds 32 floats
-            // and the rows at `at` and `at + 64` hold 16 bytes each.
-            let d = unsafe { super::avx512_q8::q8_chunk(xc, &mut self.digits[at..at + 80]) };
-            #[cfg(not(target_arch = "x86_64"))]
-            let d = 0.0;
-            self.lane_inv[c * 4..c * 4 + 4].fill(d);
-        }
-        self.ints = Ints::Q8;
-    }
-
-    pub(crate) fn split(&self) -> Option<(&[i8], &[f32])> {
-        (self.ints == Ints::Split24).then_some((&self.digits[..], &self.lane_inv[..]))
-    }
-
     /// The digits of the 16-row tile kernels: (digits per element, [n/32, nd, 32] bytes,
     /// [n/32, nd] factors), where [`XPrep::prepare_with`] wrote them.
     pub(crate) fn tiles(&self) -> Option<(usize, &[i8], &[f32])> {
         (self.tnd > 0).then_some((self.tnd, &self.tiles[..], &self.tcoef[..]))
-    }
-
-    pub(crate) fn q8(&self) -> Option<(&[i8], &[f32])> {
-        (self.ints == Ints::Q8).then_some((&self.digits[..], &self.lane_inv[..]))
     }
 
     /// The input vector.
@@ -261,11 +182,11 @@ pub(crate) fn block_digits(nd: usize, x: &[f32], out: &mut [i8], cf: &mut [f32])
     // SAFETY: VNNI (hence AVX-512) is present (callers); lengths asserted above.
     unsafe {
         if nd == 3 {
-            let (inv, s) = super::avx512_split::split_block(x, out);
+            let (inv, s) = super::avx512_digits::split_block(x, out);
             cf[..3].copy_from_slice(&[inv * 65536.0, inv * 256.0, inv]);
             s
         } else {
-            let (d, s) = super::avx512_q8::q8_block(x, out);
+            let (d, s) = super::avx512_digits::q8_block(x, out);
             cf[0] = d;
             s
         }

@@ -239,14 +239,18 @@ impl Model {
                 budget::fmt_bytes(stride),
                 slots
             );
-            Box::new(ExpertCache::new(
+            let cache = ExpertCache::new(
                 store,
                 c.layouts.clone(),
                 stride as usize,
                 cfg.num_experts,
                 slots,
                 opts.io_threads,
-            ))
+            );
+            if opts.cpu_tiles() {
+                cache.tile_experts();
+            }
+            Box::new(cache)
         };
         Ok(Model {
             cfg,
