@@ -109,6 +109,23 @@ fn matvec(c: &mut Criterion) {
             vec![2],
         ),
     ];
+    // The 4-bit matrices again in 16-row tiles, as the CPU backend holds them on VNNI.
+    let mut cases: Vec<(String, Linear, Vec<usize>)> = cases
+        .into_iter()
+        .map(|(n, w, t)| (n.to_string(), w, t))
+        .collect();
+    if SimdLevel::has_vnni() {
+        let tiled: Vec<_> = cases
+            .iter()
+            .filter(|(n, _, _)| n.starts_with("q4"))
+            .map(|(n, w, t)| {
+                let mut w = w.clone();
+                w.tile();
+                (format!("{n}_tiles"), w, t.clone())
+            })
+            .collect();
+        cases.extend(tiled);
+    }
     let mut g = c.benchmark_group("matvec");
     for (name, w, threads) in &cases {
         g.throughput(Throughput::Bytes(nbytes(w)));

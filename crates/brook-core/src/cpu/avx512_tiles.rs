@@ -18,6 +18,12 @@ use std::ops::Range;
 
 use super::qmatvec::Affine;
 use crate::dtype::DType;
+use crate::linear::Order;
+
+thread_local! {
+    /// Each thread's scales and biases of 16 rows in row order, group after group.
+    static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
 
 /// 16 scales (or biases) of `float` starting at element `i` of `p`, widened to f32.
 #[inline]
@@ -71,19 +77,7 @@ unsafe fn block<const D: usize>(
                         sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
                     }
                 }
-                let c = |k: usize| _mm512_set1_ps(*coef.add(blk * D + k));
-                if D == 3 {
-                    // |S| ≤ 32·15·128 per digit row, so S₂·2^8 + S₁ < 2^24: exact in f32.
-                    let s2 = _mm512_add_epi32(s[0][0], s[0][1]);
-                    let s1 = _mm512_add_epi32(s[1][0], s[1][1]);
-                    let s21 = _mm512_add_epi32(_mm512_slli_epi32::<8>(s2), s1);
-                    p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s21), c(1), p);
-                    let s0 = _mm512_add_epi32(s[2][0], s[2][1]);
-                    p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(2), p);
-                } else {
-                    let s0 = _mm512_add_epi32(s[0][0], s[0][1]);
-                    p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(0), p);
-                }
+                p = digit_sums::<D>(s, coef.add(blk * D), p);
             }
             // The float steps of `avx512_vnni_mm::tile` for one token, in its order, so a
             // matrix gives the same bits in tiles as in rows (experts are tiled only when
@@ -97,15 +91,120 @@ unsafe fn block<const D: usize>(
     }
 }
 
-/// Rows `rows` of y = W x for a tiled 4-bit `a` (group 32, 64 or 128), with x as `nd` digit
-/// rows per 32-element block (`digits` [n/32, nd, 32], `coef` [n/32, nd]) and Σx per group
-/// (`sums`); y holds rows.len() elements. A range that cuts a 16-row block computes the
-/// whole block and keeps its part.
+/// [`block`] for 16 rows r0..r0+nr (nr ≤ 16, missing rows zero) of a 4-bit `a` in
+/// [`Order::Rows`]: each 32-byte piece of the 16 rows is transposed in registers
+/// (`avx512_vnni_mm::words16`) and its words' nibbles spread to bytes with `vpmultishiftqb`,
+/// then multiplied exactly as [`block`] does, so the same matrix gives the same bits in
+/// either order (an expert streamed into a slot stays in rows; resident ones go into tiles).
+/// `sw`/`bw`: the rows' scales and biases from `avx512_vnni_mm::scales16`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_block<const D: usize>(
+    a: &Affine<'_>,
+    r0: usize,
+    nr: usize,
+    sw: &[f32],
+    bw: &[f32],
+    digits: *const i8,
+    coef: *const f32,
+    sums: *const f32,
+) -> __m512 {
+    let (n, bpg, rb) = (a.n, a.group / 32, a.row_bytes());
+    let spread = |off: u8| {
+        let mut c = [0u8; 8];
+        for k in 0..4 {
+            c[k] = off + 4 * k as u8;
+            c[4 + k] = 32 + off + 4 * k as u8;
+        }
+        _mm512_set1_epi64(i64::from_le_bytes(c))
+    };
+    // SAFETY: rows r0..r0+nr hold rb bytes each (`check`; loads masked to them); digits,
+    // coef and sums are sized for n (caller); sw/bw hold 16 per group.
+    unsafe {
+        let (ctl_lo, ctl_hi, nib) = (spread(0), spread(16), _mm512_set1_epi8(0x0F));
+        let base = a.packed.as_ptr().add(r0 * rb);
+        let mut acc = _mm512_setzero_ps();
+        let mut p = _mm512_setzero_ps();
+        for c in 0..n.div_ceil(64) {
+            let m: __mmask32 = if n / 2 - c * 32 >= 32 {
+                u32::MAX
+            } else {
+                0xFFFF
+            };
+            let ld = |r: usize| {
+                if r < nr {
+                    _mm256_maskz_loadu_epi8(m, base.add(r * rb + c * 32) as *const i8)
+                } else {
+                    _mm256_setzero_si256()
+                }
+            };
+            let o = super::avx512_vnni_mm::words16(ld);
+            for h in 0..2 {
+                let blk = 2 * c + h;
+                if blk * 32 >= n {
+                    break;
+                }
+                let d = digits.add(blk * D * 32);
+                let bc =
+                    |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
+                let mut s = [[_mm512_setzero_si512(); 2]; D];
+                for j in 0..4 {
+                    let ow = o[4 * h + j];
+                    let lo = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_lo, ow), nib);
+                    let hi = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_hi, ow), nib);
+                    for (k, sk) in s.iter_mut().enumerate() {
+                        sk[0] = _mm512_dpbusd_epi32(sk[0], lo, bc(32 * k + 8 * j));
+                        sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
+                    }
+                }
+                p = digit_sums::<D>(s, coef.add(blk * D), p);
+                if (blk + 1) % bpg == 0 {
+                    let g = blk / bpg;
+                    acc = _mm512_fmadd_ps(p, _mm512_loadu_ps(sw.as_ptr().add(16 * g)), acc);
+                    let b = _mm512_loadu_ps(bw.as_ptr().add(16 * g));
+                    acc = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums.add(g)), acc);
+                    p = _mm512_setzero_ps();
+                }
+            }
+        }
+        acc
+    }
+}
+
+/// p plus one 32-element block's digit sums (`s[k]`: digit row k's two halves) scaled by
+/// their factors `coef[k]`, in the float steps of `avx512_vnni_mm::tile`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn digit_sums<const D: usize>(s: [[__m512i; 2]; D], coef: *const f32, p: __m512) -> __m512 {
+    // SAFETY: coef holds D factors (caller).
+    unsafe {
+        let c = |k: usize| _mm512_set1_ps(*coef.add(k));
+        if D == 3 {
+            // |S| ≤ 32·15·128 per digit row, so S₂·2^8 + S₁ < 2^24: exact in f32.
+            let s2 = _mm512_add_epi32(s[0][0], s[0][1]);
+            let s1 = _mm512_add_epi32(s[1][0], s[1][1]);
+            let s21 = _mm512_add_epi32(_mm512_slli_epi32::<8>(s2), s1);
+            let p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s21), c(1), p);
+            let s0 = _mm512_add_epi32(s[2][0], s[2][1]);
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(2), p)
+        } else {
+            let s0 = _mm512_add_epi32(s[0][0], s[0][1]);
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), c(0), p)
+        }
+    }
+}
+
+/// Rows `rows` of y = W x for a 4-bit `a` (group 32, 64 or 128, n a multiple of 32) in either
+/// order, with x as `nd` digit rows per 32-element block (`digits` [n/32, nd, 32], `coef`
+/// [n/32, nd]) and Σx per group (`sums`); y holds rows.len() elements. Tiles: a range that
+/// cuts a 16-row block computes the whole block and keeps its part. Both orders give the
+/// same bits.
 ///
 /// # Safety
-/// AVX-512 VNNI must be present and `a` tiled and checked; the digit buffers sized for a.n.
+/// AVX-512 VNNI must be present and `a` checked; the digit buffers sized for a.n.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn tiled_rows(
+pub(super) unsafe fn matvec_rows(
     a: &Affine<'_>,
     nd: usize,
     digits: &[i8],
@@ -117,6 +216,29 @@ pub(super) unsafe fn tiled_rows(
     let (nb, ng) = (a.n / 32, a.groups());
     assert!(digits.len() >= nb * nd * 32 && coef.len() >= nb * nd && sums.len() >= ng);
     assert!(y.len() == rows.len() && matches!(nd, 1 | 3));
+    if a.order == Order::Rows {
+        return SCALES.with_borrow_mut(|sc| {
+            sc.resize(32 * ng, 0.0);
+            let (sw, bw) = sc.split_at_mut(16 * ng);
+            let mut r0 = rows.start;
+            while r0 < rows.end {
+                let nr = 16.min(rows.end - r0);
+                super::avx512_vnni_mm::scales16(a, r0, nr, sw, bw);
+                let (d, c, su) = (digits.as_ptr(), coef.as_ptr(), sums.as_ptr());
+                // SAFETY: asserted above; rows r0..r0+nr exist (rows.end ≤ out).
+                unsafe {
+                    let v = if nd == 3 {
+                        rows_block::<3>(a, r0, nr, sw, bw, d, c, su)
+                    } else {
+                        rows_block::<1>(a, r0, nr, sw, bw, d, c, su)
+                    };
+                    let m = ((1u32 << nr) - 1) as u16;
+                    _mm512_mask_storeu_ps(y.as_mut_ptr().add(r0 - rows.start), m, v);
+                }
+                r0 += nr;
+            }
+        });
+    }
     let mut tb = rows.start / 16;
     while tb * 16 < rows.end {
         // SAFETY: asserted above; block tb holds rows of the matrix (rows.end ≤ out, a

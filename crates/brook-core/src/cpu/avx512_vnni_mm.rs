@@ -10,8 +10,7 @@
 //! come out as one vector. Digit sums are scaled once per 32 elements and the weight scale and
 //! MLX bias once per group. No shape checks (`qmatmul.rs` checked them); buffers are per
 //! thread and only grow. Mirrors the f32 tile in `avx512_mm.rs`, which computes the same sums
-//! in f32. One-token products of 4-bit rows take the same tile at T = 1 ([`matvec_rows`]),
-//! so they give the same bits as `avx512_tiles.rs` on the same matrix in tiles.
+//! in f32. `avx512_tiles.rs` computes one token's products in the same order (to the bit).
 //!
 //! [`Precision::Split24`]: super::Precision::Split24
 //! [`Precision::Fast`]: super::Precision::Fast
@@ -123,47 +122,27 @@ pub(super) unsafe fn matmul_rows(
     });
 }
 
-/// Rows `rows` of y = W x for one token of a 4-bit `a` (either order; n a multiple of 32,
-/// group 32, 64 or 128) from its digits, written to `y` (rows.len()): the prefill tile at
-/// T = 1, so the sums are the same bits as `avx512_tiles::tiled_rows` gives for the matrix in
-/// tiles (an expert read into a slot in rows and one held resident in tiles agree exactly).
-///
-/// # Safety
-/// As [`matmul_rows`] for t = 1.
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-pub(super) unsafe fn matvec_rows(a: &Affine<'_>, x: Digits<'_>, y: &mut [f32], rows: Range<usize>) {
-    let (n, ng) = (a.n, a.groups());
-    assert!(a.bits == 4 && n % 32 == 0 && matches!(a.group, 32 | 64 | 128));
-    assert!(x.bytes.len() >= n * x.nd && x.sums.len() >= ng && y.len() == rows.len());
-    BLOCK.with_borrow_mut(|(wt, sc)| {
-        if wt.len() < n.div_ceil(64) * 16 * 64 {
-            wt.resize(n.div_ceil(64) * 16 * 64, 0);
+/// The scales and biases of rows r0..r0+nr (nr ≤ 16) of a row-order `a` as f32, group
+/// after group, 16 rows each (missing rows zero), into `sw` and `bw` (16·groups each).
+pub(super) fn scales16(a: &Affine<'_>, r0: usize, nr: usize, sw: &mut [f32], bw: &mut [f32]) {
+    let ng = a.groups();
+    for r in 0..16 {
+        let row = (r < nr).then(|| a.row(r0 + r));
+        for gi in 0..ng {
+            let (s, b) = match row {
+                // SAFETY: group gi's scale and bias are inside the row (`check`).
+                Some((_, s, b)) => unsafe {
+                    (
+                        scale_at(a.float, s.as_ptr(), gi),
+                        scale_at(a.float, b.as_ptr(), gi),
+                    )
+                },
+                None => (0.0, 0.0),
+            };
+            sw[gi * 16 + r] = s;
+            bw[gi * 16 + r] = b;
         }
-        if sc.len() < 2 * 16 * ng {
-            sc.resize(2 * 16 * ng, 0.0);
-        }
-        let (sw, bw) = sc.split_at_mut(16 * ng);
-        let ys = SharedMut::new(y);
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let nr = 16.min(rows.end - r0);
-            // SAFETY: rows r0..r0+nr exist; the buffers were sized above; the tile writes Y's
-            // elements r0 − rows.start .. + nr (token 0), inside y.
-            unsafe {
-                if a.order == Order::Tiles {
-                    tiled16(a, r0, nr, wt, sw, bw)
-                } else {
-                    relayout16(a, r0, nr, wt, sw, bw)
-                }
-                if x.nd == 1 {
-                    tile::<1, 1>(wt, sw, bw, x, a, 0, 0, ys, r0 - rows.start, nr);
-                } else {
-                    tile::<3, 1>(wt, sw, bw, x, a, 0, 0, ys, r0 - rows.start, nr);
-                }
-            }
-            r0 += nr;
-        }
-    });
+    }
 }
 
 /// [`relayout16`] for a tiled `a`: a whole aligned block spreads its nibbles in place
@@ -229,24 +208,9 @@ unsafe fn relayout16(
     sw: &mut [f32],
     bw: &mut [f32],
 ) {
-    let (n, ng) = (a.n, a.groups());
+    let n = a.n;
     let rows: [Option<RowBytes<'_>>; 16] = std::array::from_fn(|r| (r < nr).then(|| a.row(r0 + r)));
-    for (r, row) in rows.iter().enumerate() {
-        for gi in 0..ng {
-            let (s, b) = match row {
-                // SAFETY: group gi's scale and bias are inside the row (`check`).
-                Some((_, s, b)) => unsafe {
-                    (
-                        scale_at(a.float, s.as_ptr(), gi),
-                        scale_at(a.float, b.as_ptr(), gi),
-                    )
-                },
-                None => (0.0, 0.0),
-            };
-            sw[gi * 16 + r] = s;
-            bw[gi * 16 + r] = b;
-        }
-    }
+    scales16(a, r0, nr, sw, bw);
     let nkq = n / 4;
     let spread = |offs: [u8; 4]| {
         let mut c = [0u8; 8];

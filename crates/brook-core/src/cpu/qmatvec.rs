@@ -186,17 +186,21 @@ pub fn matvec_rows(
             if level == SimdLevel::Avx512
                 && a.bits == 4
                 && matches!(a.group, 32 | 64 | 128)
-                && let Some((nd, bytes, coef)) = xp.tiles()
+                && let Some((nd, digits, coef)) = xp.tiles()
             {
-                let x = super::avx512_vnni_mm::Digits {
-                    nd,
-                    bytes,
-                    coef,
-                    sums: xp.sums(a.group),
-                };
                 // SAFETY: tile digits exist only with VNNI and n a multiple of 32; `check`
                 // guaranteed the byte lengths.
-                return unsafe { super::avx512_vnni_mm::matvec_rows(&a, x, y, rows) };
+                return unsafe {
+                    super::avx512_tiles::matvec_rows(
+                        &a,
+                        nd,
+                        digits,
+                        coef,
+                        xp.sums(a.group),
+                        y,
+                        rows,
+                    )
+                };
             }
             match level {
                 #[cfg(target_arch = "x86_64")]
@@ -228,7 +232,7 @@ fn tiled_rows(
         // SAFETY: tile digits are only prepared with VNNI present; `check` accepted the
         // tiled shape (4 bits, groups 32/64/128, out a multiple of 16, n of 32).
         return unsafe {
-            super::avx512_tiles::tiled_rows(a, nd, digits, coef, xp.sums(a.group), y, rows)
+            super::avx512_tiles::matvec_rows(a, nd, digits, coef, xp.sums(a.group), y, rows)
         };
     }
     let _ = (level, a);

@@ -205,8 +205,9 @@ impl ExpertCache {
 
     /// Number of slots.
     /// Has every expert read from now on moved into 16-row tiles in its slot by the I/O
-    /// thread that read it, for the CPU backend's VNNI kernels (about 0.1 ms of one core per
-    /// 35B expert with AVX-512). Call it before the first fetch.
+    /// thread that read it, for the CPU backend's VNNI kernels. Meant for a cache that holds
+    /// every expert (streamed, the move's extra pass over each read slowed decode by a
+    /// quarter); call it before the first fetch.
     pub fn tile_experts(&self) {
         self.shared
             .tiles

@@ -239,18 +239,16 @@ impl Model {
                 budget::fmt_bytes(stride),
                 slots
             );
-            let cache = ExpertCache::new(
+            // Streamed experts stay in rows: the one-token kernels read both orders at the
+            // same speed class and to the same bits, and the I/O threads only read.
+            Box::new(ExpertCache::new(
                 store,
                 c.layouts.clone(),
                 stride as usize,
                 cfg.num_experts,
                 slots,
                 opts.io_threads,
-            );
-            if opts.cpu_tiles() {
-                cache.tile_experts();
-            }
-            Box::new(cache)
+            ))
         };
         Ok(Model {
             cfg,
