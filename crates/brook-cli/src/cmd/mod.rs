@@ -92,10 +92,10 @@ pub struct ModelArgs {
     #[arg(long, value_delimiter = ',')]
     pub threads: Vec<usize>,
     /// Arithmetic of the CPU backend's 4-bit products: `exact` (equal to the f32 reference
-    /// up to f32 rounding: f32 FMA in decode, and on AVX-512 VNNI Split24's integer products
-    /// in prefill), `split24` (exact to f32 rounding, integer dot products on AVX-512 VNNI in
-    /// decode and prefill), or `fast` (lossy: int8 activations per 32 values, as llama.cpp's
-    /// Q8, in decode and prefill; see docs/BENCH.md for its agreement).
+    /// up to f32 rounding: on AVX-512 VNNI Split24's integer products, elsewhere f32 FMA),
+    /// `split24` (the same as `exact`; kept for scripts), or `fast` (lossy: int8 activations
+    /// per 32 values, as llama.cpp's Q8, in decode and prefill; see docs/BENCH.md for its
+    /// agreement).
     #[arg(long, default_value = "exact", value_parser = ["exact", "split24", "fast"])]
     pub precision: String,
 }

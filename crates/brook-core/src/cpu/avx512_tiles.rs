@@ -16,14 +16,10 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+use super::avx512::scale_at;
 use super::qmatvec::Affine;
 use crate::dtype::DType;
 use crate::linear::Order;
-
-thread_local! {
-    /// Each thread's scales and biases of 16 rows in row order, group after group.
-    static SCALES: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
-}
 
 /// 16 scales (or biases) of `float` starting at element `i` of `p`, widened to f32.
 #[inline]
@@ -96,16 +92,13 @@ unsafe fn block<const D: usize>(
 /// (`avx512_vnni_mm::words16`) and its words' nibbles spread to bytes with `vpmultishiftqb`,
 /// then multiplied exactly as [`block`] does, so the same matrix gives the same bits in
 /// either order (an expert streamed into a slot stays in rows; resident ones go into tiles).
-/// `sw`/`bw`: the rows' scales and biases from `avx512_vnni_mm::scales16`.
+/// Each group's 16 scales and biases are gathered from the rows as the group ends.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
-#[allow(clippy::too_many_arguments)]
 unsafe fn rows_block<const D: usize>(
     a: &Affine<'_>,
     r0: usize,
     nr: usize,
-    sw: &[f32],
-    bw: &[f32],
     digits: *const i8,
     coef: *const f32,
     sums: *const f32,
@@ -124,6 +117,15 @@ unsafe fn rows_block<const D: usize>(
     unsafe {
         let (ctl_lo, ctl_hi, nib) = (spread(0), spread(16), _mm512_set1_epi8(0x0F));
         let base = a.packed.as_ptr().add(r0 * rb);
+        // Each row's scale and bias bytes (rows past nr unused).
+        let sb: [(*const u8, *const u8); 16] = std::array::from_fn(|r| {
+            if r < nr {
+                let (_, sr, br) = a.row(r0 + r);
+                (sr.as_ptr(), br.as_ptr())
+            } else {
+                (std::ptr::null(), std::ptr::null())
+            }
+        });
         let mut acc = _mm512_setzero_ps();
         let mut p = _mm512_setzero_ps();
         for c in 0..n.div_ceil(64) {
@@ -169,8 +171,13 @@ unsafe fn rows_block<const D: usize>(
                 p = digit_sums::<D>(s, coef.add(blk * D), p);
                 if (blk + 1) % bpg == 0 {
                     let g = blk / bpg;
-                    acc = _mm512_fmadd_ps(p, _mm512_loadu_ps(sw.as_ptr().add(16 * g)), acc);
-                    let b = _mm512_loadu_ps(bw.as_ptr().add(16 * g));
+                    let (mut sg, mut bg) = ([0.0f32; 16], [0.0f32; 16]);
+                    for (r, &(sp, bp)) in sb.iter().enumerate().take(nr) {
+                        sg[r] = scale_at(a.float, sp, g);
+                        bg[r] = scale_at(a.float, bp, g);
+                    }
+                    acc = _mm512_fmadd_ps(p, _mm512_loadu_ps(sg.as_ptr()), acc);
+                    let b = _mm512_loadu_ps(bg.as_ptr());
                     acc = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums.add(g)), acc);
                     p = _mm512_setzero_ps();
                 }
@@ -225,27 +232,23 @@ pub(super) unsafe fn matvec_rows(
     assert!(digits.len() >= nb * nd * 32 && coef.len() >= nb * nd && sums.len() >= ng);
     assert!(y.len() == rows.len() && matches!(nd, 1 | 3));
     if a.order == Order::Rows {
-        return SCALES.with_borrow_mut(|sc| {
-            sc.resize(32 * ng, 0.0);
-            let (sw, bw) = sc.split_at_mut(16 * ng);
-            let mut r0 = rows.start;
-            while r0 < rows.end {
-                let nr = 16.min(rows.end - r0);
-                super::avx512_vnni_mm::scales16(a, r0, nr, sw, bw);
-                let (d, c, su) = (digits.as_ptr(), coef.as_ptr(), sums.as_ptr());
-                // SAFETY: asserted above; rows r0..r0+nr exist (rows.end ≤ out).
-                unsafe {
-                    let v = if nd == 3 {
-                        rows_block::<3>(a, r0, nr, sw, bw, d, c, su)
-                    } else {
-                        rows_block::<1>(a, r0, nr, sw, bw, d, c, su)
-                    };
-                    let m = ((1u32 << nr) - 1) as u16;
-                    _mm512_mask_storeu_ps(y.as_mut_ptr().add(r0 - rows.start), m, v);
-                }
-                r0 += nr;
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let nr = 16.min(rows.end - r0);
+            let (d, c, su) = (digits.as_ptr(), coef.as_ptr(), sums.as_ptr());
+            // SAFETY: asserted above; rows r0..r0+nr exist (rows.end ≤ out).
+            unsafe {
+                let v = if nd == 3 {
+                    rows_block::<3>(a, r0, nr, d, c, su)
+                } else {
+                    rows_block::<1>(a, r0, nr, d, c, su)
+                };
+                let m = ((1u32 << nr) - 1) as u16;
+                _mm512_mask_storeu_ps(y.as_mut_ptr().add(r0 - rows.start), m, v);
             }
-        });
+            r0 += nr;
+        }
+        return;
     }
     let mut tb = rows.start / 16;
     while tb * 16 < rows.end {

@@ -124,7 +124,7 @@ pub(super) unsafe fn matmul_rows(
 
 /// The scales and biases of rows r0..r0+nr (nr ≤ 16) of a row-order `a` as f32, group
 /// after group, 16 rows each (missing rows zero), into `sw` and `bw` (16·groups each).
-pub(super) fn scales16(a: &Affine<'_>, r0: usize, nr: usize, sw: &mut [f32], bw: &mut [f32]) {
+fn scales16(a: &Affine<'_>, r0: usize, nr: usize, sw: &mut [f32], bw: &mut [f32]) {
     let ng = a.groups();
     for r in 0..16 {
         let row = (r < nr).then(|| a.row(r0 + r));
