@@ -58,6 +58,18 @@ fn spread(rng: &mut Rng, n: usize) -> Vec<f32> {
     x
 }
 
+/// The exact bound (`scale`), or with int8 activations the int8 rounding bound plus it
+/// (`fast`: per output, from `bounds`).
+fn assert_within(y: &[f32], want: &[f32], scale: &[f32], fast: Option<&[(f32, f32)]>, what: &str) {
+    let Some(fast) = fast else {
+        return assert_close(y, want, scale, what);
+    };
+    for (r, ((g, w), (e, s))) in y.iter().zip(want).zip(fast).enumerate() {
+        let tol = e + TOL * s + 1e-30;
+        assert!((g - w).abs() <= tol, "{what}: output {r}: {g} vs {w}");
+    }
+}
+
 /// Shapes with one and many 16-row blocks, one and many groups.
 fn shapes(group: usize) -> [(usize, usize); 3] {
     [(16, group.max(32)), (48, 2048), (160, 384 / group * group)]
@@ -133,14 +145,7 @@ fn tiled_matvec_matches_reference_at_every_level_and_precision() {
                         matvec_rows(level, &t.view(), &xp, &mut yc, cut.clone());
                         assert_eq!(&yc[..], &y[cut], "{what}: a cut range");
                         let int8 = p == Precision::Fast && level == SimdLevel::Avx512;
-                        if !int8 {
-                            assert_close(&y, &want, &scale, &what);
-                            continue;
-                        }
-                        for (r, ((g, w), (e, s))) in y.iter().zip(&want).zip(&fast).enumerate() {
-                            let tol = e + TOL * s + 1e-30;
-                            assert!((g - w).abs() <= tol, "{what}: row {r}: {g} vs {w}");
-                        }
+                        assert_within(&y, &want, &scale, int8.then_some(&fast[..]), &what);
                     }
                 }
             }
@@ -215,14 +220,8 @@ fn tiled_matmul_matches_reference_at_every_level_and_precision() {
                     qmatmul_pool_at(&pool, level, p, &tw.view(), &x, &mut yp, &mut xb)
                         .expect("matmul");
                     assert_eq!(y, yp, "{what}: pool");
-                    if !(p == Precision::Fast && level == SimdLevel::Avx512) {
-                        assert_close(&y, &want, &scale, &what);
-                        continue;
-                    }
-                    for (r, ((g, w), (e, s))) in y.iter().zip(&want).zip(&fast).enumerate() {
-                        let tol = e + TOL * s + 1e-30;
-                        assert!((g - w).abs() <= tol, "{what}: output {r}: {g} vs {w}");
-                    }
+                    let int8 = p == Precision::Fast && level == SimdLevel::Avx512;
+                    assert_within(&y, &want, &scale, int8.then_some(&fast[..]), &what);
                 }
             }
         }
