@@ -98,6 +98,42 @@ pub fn tile_bytes(
     true
 }
 
+/// The inverse of [`tile_bytes`]: the bytes of a tiled 4-bit [out, n] matrix written in
+/// [`Order::Rows`] into `dst` (packed, scales, biases; each as long as its source), for a
+/// consumer that reads the checkpoint's order (the CUDA backend's upload).
+#[allow(clippy::too_many_arguments)]
+pub fn untile_bytes(
+    spec: QuantSpec,
+    float: DType,
+    out: usize,
+    n: usize,
+    src: [&[u8]; 3],
+    dst: [&mut [u8]; 3],
+) {
+    let (groups, fs, rb) = (n / spec.group_size.max(1), float.size(), n / 2);
+    let [packed, scales, biases] = src;
+    let [dp, ds, db] = dst;
+    for r in 0..out {
+        let (tb, lane) = (r / 16, r % 16);
+        for w8 in 0..rb / 4 {
+            let at = tb * 16 * rb + (w8 / 4) * 256 + (w8 % 4) * 64 + lane * 4;
+            let d =
+                u32::from_le_bytes([packed[at], packed[at + 1], packed[at + 2], packed[at + 3]]);
+            // Byte k of d: element k low, k+4 high; the word: element e at bits 4e.
+            let w = (0..4).fold(0u32, |w, k| {
+                let (lo, hi) = ((d >> (8 * k)) & 15, (d >> (8 * k + 4)) & 15);
+                w | lo << (4 * k) | hi << (4 * k + 16)
+            });
+            dp[r * rb + 4 * w8..r * rb + 4 * w8 + 4].copy_from_slice(&w.to_le_bytes());
+        }
+        for g in 0..groups {
+            let (src, dst) = (tiled_group(groups, r, g) * fs, (r * groups + g) * fs);
+            ds[dst..dst + fs].copy_from_slice(&scales[src..src + fs]);
+            db[dst..dst + fs].copy_from_slice(&biases[src..src + fs]);
+        }
+    }
+}
+
 /// The scales and biases of 16-row block `tb` moved to group after group (see
 /// [`tile_bytes`]); `tmp` holds at least 16·groups·fs bytes.
 fn tile_scales(

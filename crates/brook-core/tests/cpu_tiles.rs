@@ -4,13 +4,14 @@
 
 mod common;
 
+use brook_core::config::QuantSpec;
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
     CpuPool, Precision, SimdLevel, XBatch, XPrep, matvec_rows, qmatmul_at, qmatmul_pool_at,
     qmatvec_pool_at,
 };
 use brook_core::dtype::DType;
-use brook_core::linear::{Linear, Order, Weights};
+use brook_core::linear::{Linear, Order, Weights, untile_bytes};
 use brook_core::model::Model;
 use brook_core::model::open::OpenOptions;
 use common::bounds::{TOL, assert_close, bounds, row_scales};
@@ -76,7 +77,7 @@ fn shapes(group: usize) -> [(usize, usize); 3] {
 }
 
 #[test]
-fn tiles_hold_every_row_and_refuse_what_does_not_fit() {
+fn tiles_hold_every_row_go_back_and_refuse_what_does_not_fit() {
     let mut rng = Rng::new(21);
     for group in [32, 64, 128] {
         for float in FLOATS {
@@ -94,6 +95,40 @@ fn tiles_hold_every_row_and_refuse_what_does_not_fit() {
                 // Tiling twice changes nothing.
                 let mut again = t.clone();
                 assert!(!again.tile());
+                // And the way back (the CUDA upload's) restores the checkpoint's bytes.
+                let (
+                    Weights::Affine {
+                        packed,
+                        scales,
+                        biases,
+                        ..
+                    },
+                    Weights::Affine {
+                        packed: tp,
+                        scales: ts,
+                        biases: tbi,
+                        ..
+                    },
+                ) = (&w.weights, &t.weights)
+                else {
+                    unreachable!("affine")
+                };
+                let mut back = [
+                    vec![0u8; packed.len()],
+                    vec![0u8; scales.len()],
+                    vec![0u8; biases.len()],
+                ];
+                let [bp, bs, bb] = &mut back;
+                let spec = QuantSpec {
+                    bits: 4,
+                    group_size: group,
+                };
+                untile_bytes(spec, float, out, inp, [tp, ts, tbi], [bp, bs, bb]);
+                assert_eq!(
+                    [&back[0], &back[1], &back[2]],
+                    [packed, scales, biases],
+                    "g{group} {float:?} [{out}, {inp}] back"
+                );
             }
         }
     }

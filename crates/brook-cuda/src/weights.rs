@@ -93,14 +93,6 @@ pub fn place(l: &LinearRef<'_>, at: usize, what: &str) -> Result<Placement> {
             }
         }
         MatRef::Affine {
-            order: brook_core::linear::Order::Tiles,
-            ..
-        } => {
-            return Err(Error::Invalid(format!(
-                "{what}: the weights are in the CPU backend's 16-row tiles; open the model for the CUDA backend"
-            )));
-        }
-        MatRef::Affine {
             spec,
             float,
             packed,
@@ -143,8 +135,23 @@ pub fn parts<'a>(l: &LinearRef<'a>) -> [&'a [u8]; 3] {
     }
 }
 
-/// Copies `l` into `dst` (a slot image) at its placement.
+/// Copies `l` into `dst` (a slot image) at its placement, in the checkpoint's row order (a
+/// matrix the CPU backend moved into 16-row tiles is moved back).
 pub fn copy_into(l: &LinearRef<'_>, p: &Placement, dst: &mut [u8]) {
+    if let MatRef::Affine {
+        spec,
+        float,
+        order: brook_core::linear::Order::Tiles,
+        ..
+    } = l.mat
+    {
+        let [(o0, n0), (o1, n1), (o2, n2)] = p.parts;
+        let (a, rest) = dst.split_at_mut(o1);
+        let (b, c) = rest.split_at_mut(o2 - o1);
+        let out = [&mut a[o0..o0 + n0], &mut b[..n1], &mut c[..n2]];
+        let (rows, n) = (l.out_features, l.in_features);
+        return brook_core::linear::untile_bytes(spec, float, rows, n, parts(l), out);
+    }
     for ((off, len), src) in p.parts.iter().zip(parts(l)) {
         dst[*off..off + len].copy_from_slice(src);
     }
