@@ -177,30 +177,24 @@ pub fn matvec_rows(
             let Some(a) = Affine::of(w) else {
                 unreachable!("an affine matrix")
             };
-            if a.order == Order::Tiles {
-                return tiled_rows(level, w, &a, xp, y, rows);
-            }
-            // Where the tile digits exist (AVX-512 VNNI, 32 | n), 4-bit rows take the same
-            // arithmetic as tiles: Split24 digits for the exact precisions, int8 for Fast.
+            // Where the tile digits exist (AVX-512 VNNI, 32 | n), 4-bit matrices in either
+            // order take the kernels of 16-row blocks (`avx512_tiles.rs`: the same bits in
+            // both): Split24 digits for the exact precisions, int8 for Fast.
             #[cfg(target_arch = "x86_64")]
             if level == SimdLevel::Avx512
                 && a.bits == 4
                 && matches!(a.group, 32 | 64 | 128)
                 && let Some((nd, digits, coef)) = xp.tiles()
             {
+                let sums = xp.sums(a.group);
                 // SAFETY: tile digits exist only with VNNI and n a multiple of 32; `check`
-                // guaranteed the byte lengths.
+                // guaranteed the byte lengths (and a tiled shape).
                 return unsafe {
-                    super::avx512_tiles::matvec_rows(
-                        &a,
-                        nd,
-                        digits,
-                        coef,
-                        xp.sums(a.group),
-                        y,
-                        rows,
-                    )
+                    super::avx512_tiles::matvec_rows(&a, nd, digits, coef, sums, y, rows)
                 };
+            }
+            if a.order == Order::Tiles {
+                return tiled_rows(w, xp, y, rows);
             }
             match level {
                 #[cfg(target_arch = "x86_64")]
@@ -215,27 +209,9 @@ pub fn matvec_rows(
     }
 }
 
-/// [`matvec_rows`] for a matrix in 16-row tiles: the VNNI kernel on the tile digits of
-/// `xp`, or (another level) each row dequantized and dotted with x in f32.
-fn tiled_rows(
-    level: SimdLevel,
-    w: &LinearRef<'_>,
-    a: &Affine<'_>,
-    xp: &XPrep,
-    y: &mut [f32],
-    rows: Range<usize>,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512
-        && let Some((nd, digits, coef)) = xp.tiles()
-    {
-        // SAFETY: tile digits are only prepared with VNNI present; `check` accepted the
-        // tiled shape (4 bits, groups 32/64/128, out a multiple of 16, n of 32).
-        return unsafe {
-            super::avx512_tiles::matvec_rows(a, nd, digits, coef, xp.sums(a.group), y, rows)
-        };
-    }
-    let _ = (level, a);
+/// [`matvec_rows`] for a matrix in 16-row tiles off the VNNI kernels (another level): each
+/// row dequantized and dotted with x in f32.
+fn tiled_rows(w: &LinearRef<'_>, xp: &XPrep, y: &mut [f32], rows: Range<usize>) {
     ROW_BUF.with_borrow_mut(|buf| {
         buf.resize(w.in_features, 0.0);
         for (yr, r) in y.iter_mut().zip(rows) {
