@@ -17,6 +17,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx512::scale_at;
+use super::avx512_vnni_mm::{nibble_ctl, words16};
 use super::qmatvec::Affine;
 use crate::dtype::DType;
 use crate::linear::Order;
@@ -59,20 +60,14 @@ unsafe fn block<const D: usize>(
             let mut p = _mm512_setzero_ps();
             for blk in g * bpg..(g + 1) * bpg {
                 let w = wp.add(blk * 256);
-                let d = digits.add(blk * D * 32);
-                let bc =
-                    |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
-                let mut s = [[_mm512_setzero_si512(); 2]; D];
-                for j in 0..4 {
+                let s = dots::<D>(digits.add(blk * D * 32), |j| {
                     _mm_prefetch::<_MM_HINT_T0>(w.add(4096 + 64 * j) as *const i8);
                     let v = _mm512_loadu_si512(w.add(64 * j) as *const _);
-                    let lo = _mm512_and_si512(v, nib);
-                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
-                    for (k, sk) in s.iter_mut().enumerate() {
-                        sk[0] = _mm512_dpbusd_epi32(sk[0], lo, bc(32 * k + 8 * j));
-                        sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
-                    }
-                }
+                    (
+                        _mm512_and_si512(v, nib),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib),
+                    )
+                });
                 p = digit_sums::<D>(s, coef.add(blk * D), p);
             }
             // The float steps of `avx512_vnni_mm::tile` for one token, in its order, so a
@@ -104,18 +99,10 @@ unsafe fn rows_block<const D: usize>(
     sums: *const f32,
 ) -> __m512 {
     let (n, bpg, rb) = (a.n, a.group / 32, a.row_bytes());
-    let spread = |off: u8| {
-        let mut c = [0u8; 8];
-        for k in 0..4 {
-            c[k] = off + 4 * k as u8;
-            c[4 + k] = 32 + off + 4 * k as u8;
-        }
-        _mm512_set1_epi64(i64::from_le_bytes(c))
-    };
     // SAFETY: rows r0..r0+nr hold rb bytes each (`check`; loads masked to them); digits,
     // coef and sums are sized for n (caller); sw/bw hold 16 per group.
     unsafe {
-        let (ctl_lo, ctl_hi, nib) = (spread(0), spread(16), _mm512_set1_epi8(0x0F));
+        let (ctl_lo, ctl_hi, nib) = (nibble_ctl(0), nibble_ctl(16), _mm512_set1_epi8(0x0F));
         let base = a.packed.as_ptr().add(r0 * rb);
         // Each row's scale and bias bytes (rows past nr unused).
         let sb: [(*const u8, *const u8); 16] = std::array::from_fn(|r| {
@@ -149,25 +136,19 @@ unsafe fn rows_block<const D: usize>(
                     _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
                 }
             }
-            let o = super::avx512_vnni_mm::words16(ld);
+            let o = words16(ld);
             for h in 0..2 {
                 let blk = 2 * c + h;
                 if blk * 32 >= n {
                     break;
                 }
-                let d = digits.add(blk * D * 32);
-                let bc =
-                    |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
-                let mut s = [[_mm512_setzero_si512(); 2]; D];
-                for j in 0..4 {
+                let s = dots::<D>(digits.add(blk * D * 32), |j| {
                     let ow = o[4 * h + j];
-                    let lo = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_lo, ow), nib);
-                    let hi = _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_hi, ow), nib);
-                    for (k, sk) in s.iter_mut().enumerate() {
-                        sk[0] = _mm512_dpbusd_epi32(sk[0], lo, bc(32 * k + 8 * j));
-                        sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
-                    }
-                }
+                    (
+                        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_lo, ow), nib),
+                        _mm512_and_si512(_mm512_multishift_epi64_epi8(ctl_hi, ow), nib),
+                    )
+                });
                 p = digit_sums::<D>(s, coef.add(blk * D), p);
                 if (blk + 1) % bpg == 0 {
                     let g = blk / bpg;
@@ -184,6 +165,31 @@ unsafe fn rows_block<const D: usize>(
             }
         }
         acc
+    }
+}
+
+/// One 32-element block's integer sums for 16 rows: `nibbles(j)` gives the rows' elements
+/// 8j..8j+4 and 8j+4..8j+8 as bytes (lane r: row r), each multiplied with the matching four
+/// bytes of every digit row of `d` (D rows of 32) broadcast; s[k] holds digit row k's sums
+/// over the low and the high halves.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn dots<const D: usize>(
+    d: *const i8,
+    mut nibbles: impl FnMut(usize) -> (__m512i, __m512i),
+) -> [[__m512i; 2]; D] {
+    // SAFETY: d holds D·32 bytes (caller).
+    unsafe {
+        let bc = |k: usize| _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32));
+        let mut s = [[_mm512_setzero_si512(); 2]; D];
+        for j in 0..4 {
+            let (lo, hi) = nibbles(j);
+            for (k, sk) in s.iter_mut().enumerate() {
+                sk[0] = _mm512_dpbusd_epi32(sk[0], lo, bc(32 * k + 8 * j));
+                sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
+            }
+        }
+        s
     }
 }
 
@@ -328,16 +334,8 @@ pub(super) unsafe fn spread16(
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2")]
 pub(crate) unsafe fn tile_block16(src: &[u8], rb: usize, dst: &mut [u8]) {
     assert!(rb.is_multiple_of(16) && src.len() >= 16 * rb && dst.len() >= 16 * rb);
-    let ctl = |off: u8| {
-        let mut c = [0u8; 8];
-        for k in 0..4 {
-            c[k] = 4 * k as u8 + off;
-            c[4 + k] = 32 + 4 * k as u8 + off;
-        }
-        _mm512_set1_epi64(i64::from_le_bytes(c))
-    };
     // Byte k of a word: bits 4k.. (element k, kept low) and 4k+12.. (element k+4, kept high).
-    let (ctl_lo, ctl_hi, low) = (ctl(0), ctl(12), _mm512_set1_epi8(0x0F));
+    let (ctl_lo, ctl_hi, low) = (nibble_ctl(0), nibble_ctl(12), _mm512_set1_epi8(0x0F));
     let words = rb / 4;
     // SAFETY: loads stay inside each row's rb bytes (masked for a last 16-byte piece); stores
     // stay below words/4 · 256 = 16·rb bytes of dst.
@@ -347,7 +345,7 @@ pub(crate) unsafe fn tile_block16(src: &[u8], rb: usize, dst: &mut [u8]) {
             let ld = |r: usize| {
                 _mm256_maskz_loadu_epi8(m, src.as_ptr().add(r * rb + c * 32) as *const i8)
             };
-            let o = super::avx512_vnni_mm::words16(ld);
+            let o = words16(ld);
             for (w, &o) in o.iter().enumerate() {
                 let w8 = c * 8 + w;
                 if w8 < words {

@@ -212,15 +212,7 @@ unsafe fn relayout16(
     let rows: [Option<RowBytes<'_>>; 16] = std::array::from_fn(|r| (r < nr).then(|| a.row(r0 + r)));
     scales16(a, r0, nr, sw, bw);
     let nkq = n / 4;
-    let spread = |offs: [u8; 4]| {
-        let mut c = [0u8; 8];
-        for i in 0..4 {
-            c[i] = offs[i];
-            c[4 + i] = 32 + offs[i];
-        }
-        _mm512_set1_epi64(i64::from_le_bytes(c))
-    };
-    let (ctl_lo, ctl_hi) = (spread([0, 4, 8, 12]), spread([16, 20, 24, 28]));
+    let (ctl_lo, ctl_hi) = (nibble_ctl(0), nibble_ctl(16));
     let nib = _mm512_set1_epi8(0x0F);
     // SAFETY: each load reads at most the row's n/2 bytes (masked at the end); stores stay
     // below n/4 registers of 64 bytes, which `wt` holds.
@@ -365,4 +357,18 @@ pub(super) unsafe fn words16(ld: impl Fn(usize) -> __m256i) -> [__m512i; 8] {
         let (m4, idx) = if w < 4 { (w, idx_lo) } else { (w - 4, idx_hi) };
         _mm512_permutex2var_epi64(u[m4], idx, v[m4])
     })
+}
+
+/// The `vpmultishiftqb` control that gives byte k of each dword the 8 bits of that dword
+/// starting at bit `off` + 4k: with `off` = 0 its nibbles 0-3 (elements 0-3) in the low
+/// halves, with 16 nibbles 4-7, with 12 nibbles 4-7 in the high halves.
+#[inline]
+#[target_feature(enable = "avx512f")]
+pub(super) fn nibble_ctl(off: u8) -> __m512i {
+    let mut c = [0u8; 8];
+    for k in 0..4 {
+        c[k] = off + 4 * k as u8;
+        c[4 + k] = 32 + off + 4 * k as u8;
+    }
+    _mm512_set1_epi64(i64::from_le_bytes(c))
 }
