@@ -73,8 +73,14 @@ pub struct Row {
     pub disk_bw_before_gb_s: f64,
     #[serde(default)]
     pub disk_bw_after_gb_s: f64,
-    /// Memory read bandwidth measured over the resident weights in this run.
+    /// Memory read bandwidth over the resident weights: the mean of the measurements right
+    /// before and right after the decode test (before the prefill when there is none).
     pub mem_bw_gb_s: f64,
+    /// Those two measurements.
+    #[serde(default)]
+    pub mem_bw_before_gb_s: f64,
+    #[serde(default)]
+    pub mem_bw_after_gb_s: f64,
     /// Weight bytes one decoded token touches.
     pub bytes_touched_per_token: f64,
     /// Decode limit: 1 / max(bytes touched / memory bandwidth, bytes read / disk bandwidth),
@@ -251,7 +257,10 @@ fn run_one(a: &Args) -> Result<Row> {
             0.0
         })
     };
-    let mem_bw = super::memory_bandwidth(&model, threads);
+    // The memory's read bandwidth, like the disk's, right before and right after the decode
+    // test: this host's moves between 21 and 40 GB/s from one minute to the next.
+    let measure_mem = || super::memory_bandwidth(&model, threads);
+    let mem_first = measure_mem();
 
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut token = || {
@@ -285,6 +294,11 @@ fn run_one(a: &Args) -> Result<Row> {
         }
     }
     let disk_before = measure_disk()?;
+    let mem_before = if a.n_prompt > 0 && a.n_gen > 0 {
+        measure_mem()
+    } else {
+        mem_first
+    };
     let mut tg = Vec::new();
     let before = model.experts.stats();
     let gpu_before = runner.gpu_stats();
@@ -316,6 +330,12 @@ fn run_one(a: &Args) -> Result<Row> {
         disk_before
     };
     let disk_bw = (disk_before + disk_after) / 2.0;
+    let mem_after = if a.n_gen > 0 {
+        measure_mem()
+    } else {
+        mem_before
+    };
+    let mem_bw = (mem_before + mem_after) / 2.0;
     let (_, peak) = budget::rss();
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
@@ -394,7 +414,7 @@ fn run_one(a: &Args) -> Result<Row> {
         budget_bytes: opts.memory_budget,
         threads,
         precision: a.model.precision.clone(),
-        prefetch: opts.prefetch,
+        prefetch: model.prefetch,
         expert_slots: model
             .experts
             .stats()
@@ -415,6 +435,8 @@ fn run_one(a: &Args) -> Result<Row> {
         disk_bw_before_gb_s: disk_before / 1e9,
         disk_bw_after_gb_s: disk_after / 1e9,
         mem_bw_gb_s: mem_bw,
+        mem_bw_before_gb_s: mem_before,
+        mem_bw_after_gb_s: mem_after,
         bytes_touched_per_token: touched,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
         compute_s_per_token,

@@ -8,12 +8,69 @@
 use crate::cpu::SimdLevel;
 use crate::cpu::ops::{plain, simd_fn, softmax};
 
+/// outs [G, hd] = Σ_p scores[g, p] · v_p for the `W` dimensions at `d`, each output summed
+/// over p in order with one fused multiply-add per term (as an axpy per position would), so
+/// a head's result does not depend on `G`, `W` or its company.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn weigh<const G: usize, const W: usize>(
+    scores: &[f32],
+    visible: usize,
+    values: &[f32],
+    stride: usize,
+    d: usize,
+    outs: &mut [f32],
+    hd: usize,
+) {
+    let mut acc = [[0.0f32; W]; G];
+    for p in 0..visible {
+        let v: &[f32; W] = values[p * stride + d..][..W].try_into().expect("W values");
+        for (g, a) in acc.iter_mut().enumerate() {
+            let s = scores[g * visible + p];
+            for l in 0..W {
+                a[l] = s.mul_add(v[l], a[l]);
+            }
+        }
+    }
+    for (g, a) in acc.iter().enumerate() {
+        outs[g * hd + d..][..W].copy_from_slice(a);
+    }
+}
+
+/// [`weigh`] over every dimension of `G` heads: 32 at a time, then 16, then one by one.
+#[inline(always)]
+fn weigh_heads<const G: usize>(
+    scores: &[f32],
+    visible: usize,
+    values: &[f32],
+    stride: usize,
+    outs: &mut [f32],
+    hd: usize,
+) {
+    let (d32, d16) = (hd / 32 * 32, hd / 16 * 16);
+    for d in (0..d32).step_by(32) {
+        weigh::<G, 32>(scores, visible, values, stride, d, outs, hd);
+    }
+    for d in (d32..d16).step_by(16) {
+        weigh::<G, 16>(scores, visible, values, stride, d, outs, hd);
+    }
+    for g in 0..G {
+        for d in d16..hd {
+            let mut a = 0.0f32;
+            for p in 0..visible {
+                a = scores[g * visible + p].mul_add(values[p * stride + d], a);
+            }
+            outs[g * hd + d] = a;
+        }
+    }
+}
+
 simd_fn! {
     /// outs [heads, hd]: for each query head of `qs` [heads, hd] (heads sharing kv head
     /// `kvh`), Σ_p softmax_p(scale · q·k_p) v_p over cached positions p < `visible`, with
-    /// `keys`/`values` laid out [pos, nkv, hd]. Each cached key and value is read once for all
-    /// the heads (a chunk passes the 8 heads of a kv head: one at a time, each streamed them
-    /// from L2). `scores` needs heads·`visible` elements.
+    /// `keys`/`values` laid out [pos, nkv, hd]. Each cached key is read once for all the heads
+    /// passed, each value once per four of them. A head's result does not depend on which
+    /// heads come with it. `scores` needs heads·`visible` elements.
     pub fn attend(
         qs: &[f32],
         hd: usize,
@@ -27,9 +84,11 @@ simd_fn! {
         outs: &mut [f32],
     ) {
         let heads = qs.len() / hd;
+        let stride = nkv * hd;
         let scores = &mut scores[..heads * visible];
+        // Positions outermost: each key is read once and stays in L1 for every head.
         for p in 0..visible {
-            let k = &keys[(p * nkv + kvh) * hd..][..hd];
+            let k = &keys[p * stride + kvh * hd..][..hd];
             for (g, qh) in qs.chunks_exact(hd).enumerate() {
                 scores[g * visible + p] = plain::dot(qh, k) * scale;
             }
@@ -38,12 +97,16 @@ simd_fn! {
             softmax(sg);
         }
         let outs = &mut outs[..heads * hd];
-        outs.iter_mut().for_each(|o| *o = 0.0);
-        for p in 0..visible {
-            let v = &values[(p * nkv + kvh) * hd..][..hd];
-            for (g, og) in outs.chunks_exact_mut(hd).enumerate() {
-                plain::axpy(scores[g * visible + p], v, og);
-            }
+        let values = &values[kvh * hd..];
+        // Heads in fours (then singly), so the accumulators stay in registers.
+        let fours = heads / 4 * 4;
+        for g0 in (0..fours).step_by(4) {
+            let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
+            weigh_heads::<4>(sc, visible, values, stride, o, hd);
+        }
+        for g in fours..heads {
+            let (sc, o) = (&scores[g * visible..], &mut outs[g * hd..]);
+            weigh_heads::<1>(sc, visible, values, stride, o, hd);
         }
     }
 }

@@ -312,9 +312,18 @@ pub fn attention(
         s.scores.resize(s.threads * (nq / nkv) * s.score_cap, 0.0);
     }
     let (scale, group, cap) = ((hd as f32).powf(-0.5), nq / nkv, s.score_cap);
-    // A unit is `hp` query heads of one token sharing a kv head: one head for one token (so
-    // every thread has work), all `group` of them for a chunk (each key read once for them).
-    let hp = if t > 1 { group } else { 1 };
+    // A unit is `hp` query heads of one token sharing a kv head, which read each cached key
+    // and value once for all of them: every head of the kv head for a chunk, and for one
+    // token as many as still leave a unit for every thread (the most dividing `group`).
+    let hp = if t > 1 {
+        group
+    } else {
+        let per_kv = s.threads.div_ceil(nkv.max(1));
+        (1..=group / per_kv.max(1))
+            .rev()
+            .find(|d| group % d == 0)
+            .unwrap_or(1)
+    };
     {
         let (att, sc) = (
             SharedMut::new(&mut s.y[..t * nq * hd]),

@@ -167,7 +167,9 @@ impl Model {
             if opts.cpu_tiles() {
                 m.dense.tile();
             }
-            m.prefetch = opts.prefetch;
+            // Every expert is resident: there is nothing to read ahead, and guessing would
+            // cost a router product a layer.
+            m.prefetch = false;
             m.prefill_chunk = opts.prefill_chunk;
             return Ok(m);
         }
@@ -255,7 +257,8 @@ impl Model {
             dense,
             experts,
             delta_mode: DeltaMode::Auto,
-            prefetch: opts.prefetch,
+            // Guesses only pay where experts stream (a router product a layer otherwise).
+            prefetch: opts.prefetch && slots < total,
             prefill_chunk: opts.prefill_chunk,
         })
     }
