@@ -291,6 +291,8 @@ fn bench_json_reports_one_row_per_budget() {
             "16",
             "-n",
             "4",
+            "-d",
+            "8",
             "-r",
             "1",
             "--disk-secs",
@@ -322,6 +324,13 @@ fn bench_json_reports_one_row_per_budget() {
             "{row}"
         );
         assert!(f("limit_tok_s") > 0.0, "{row}");
+        assert_eq!(row["depth"].as_u64(), Some(8), "{row}");
+        let (before, after) = (f("mem_bw_before_gb_s"), f("mem_bw_after_gb_s"));
+        assert!(before > 0.0 && after > 0.0, "{row}");
+        assert!(
+            (f("mem_bw_gb_s") - (before + after) / 2.0).abs() < 1e-9,
+            "{row}"
+        );
     }
     // The small budget streams; the large one holds every expert and reads nothing.
     assert!(rows[0]["bytes_read_per_token"].as_f64().expect("read") > 0.0);
@@ -331,5 +340,18 @@ fn bench_json_reports_one_row_per_budget() {
         Some(0.0),
         "{}",
         rows[1]
+    );
+    // A decode test deeper than the context is refused before loading, naming the fix.
+    let out = brook()
+        .args(["bench", "--model"])
+        .arg(&c)
+        .args(["--context", "64", "-p", "16", "-n", "8", "-d", "60"])
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("needs 69 positions") && err.contains("--context"),
+        "{err}"
     );
 }

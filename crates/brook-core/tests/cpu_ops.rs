@@ -291,8 +291,9 @@ fn grouped_attention_equals_attention_per_head() {
     // The prefill's attention over the query heads of one kv head at once must give each
     // head exactly what the one-token path (one head per call) gives it.
     let mut rng = Rng::new(21);
-    // 84 dimensions: 32-wide, 16-wide and scalar steps; 6 heads: a four and two singles.
-    let (hd, nkv, group, len) = (84, 3, 6, 37);
+    // 84 dimensions: 32-wide, 16-wide and scalar steps; 14 heads: an eight, a four and two
+    // singles.
+    let (hd, nkv, group, len) = (84, 3, 14, 37);
     let keys = rng.vec(len * nkv * hd, 1.0);
     let values = rng.vec(len * nkv * hd, 1.0);
     let qs = rng.vec(group * hd, 2.0);

@@ -29,6 +29,11 @@ pub struct Args {
     /// Generated tokens of the decode test (0 skips it).
     #[arg(short = 'n', long, default_value_t = 128)]
     n_gen: usize,
+    /// Tokens already in the context when the decode test starts (llama-bench's -d): they are
+    /// prefilled first, untimed, so decode reads their attention cache (needs --context at
+    /// least depth + n-gen + 1).
+    #[arg(short = 'd', long, default_value_t = 0)]
+    depth: usize,
     /// Repetitions of each test.
     #[arg(short = 'r', long, default_value_t = 3)]
     repetitions: usize,
@@ -55,6 +60,9 @@ pub struct Row {
     pub expert_slots: Option<usize>,
     pub n_prompt: usize,
     pub n_gen: usize,
+    /// Context tokens before the decode test (`--depth`).
+    #[serde(default)]
+    pub depth: usize,
     pub pp_tok_s: f64,
     pub pp_tok_s_sd: f64,
     pub tg_tok_s: f64,
@@ -125,6 +133,13 @@ pub struct GpuRow {
 }
 
 pub fn run(a: Args) -> Result<()> {
+    let longest = a.n_prompt.max(a.depth + a.n_gen + 1);
+    if longest > a.model.context {
+        anyhow::bail!(
+            "a test needs {longest} positions of context but --context is {}: raise --context to at least {longest}, or lower --depth, --n-gen or --n-prompt",
+            a.model.context
+        );
+    }
     let budgets: Vec<Option<String>> = match &a.model.memory_budget {
         Some(b) => b.split(',').map(|s| Some(s.trim().to_string())).collect(),
         None => vec![None],
@@ -170,6 +185,7 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
         .arg(&a.model.model)
         .arg("--json");
     cmd.args(["-p", &a.n_prompt.to_string(), "-n", &a.n_gen.to_string()]);
+    cmd.args(["-d", &a.depth.to_string()]);
     cmd.args([
         "-r",
         &a.repetitions.to_string(),
@@ -307,12 +323,16 @@ fn run_one(a: &Args) -> Result<Row> {
     if a.n_gen > 0 {
         for _ in 0..a.repetitions {
             let mut st = runner.new_state(a.model.context);
+            if a.depth > 0 {
+                let context: Vec<u32> = (0..a.depth).map(|_| token()).collect();
+                runner.forward(&mut st, &context, Logits::None)?;
+            }
             let first = token();
             let mut logits = runner.forward(&mut st, &[first], Logits::Last)?;
             let (t, cpu0) = (Instant::now(), budget::cpu_seconds());
             for _ in 0..a.n_gen {
                 let next = argmax(&logits);
-                logits = runner.forward(&mut st, &[next], Logits::Last)?;
+                runner.forward_into(&mut st, &[next], Logits::Last, &mut logits)?;
             }
             tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
             decode_cpu_s += budget::cpu_seconds() - cpu0;
@@ -422,6 +442,7 @@ fn run_one(a: &Args) -> Result<Row> {
             .filter(|&c| c != usize::MAX),
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
+        depth: a.depth,
         pp_tok_s: pp_m,
         pp_tok_s_sd: pp_sd,
         tg_tok_s: tg_m,
@@ -498,6 +519,15 @@ fn dense_bytes(m: &brook_core::Model) -> usize {
     total
 }
 
+/// The decode test's name as llama-bench writes it: tg128, or tg128 @ d4096 with a depth.
+fn tg_name(r: &Row) -> String {
+    if r.depth > 0 {
+        format!("tg{} @ d{}", r.n_gen, r.depth)
+    } else {
+        format!("tg{}", r.n_gen)
+    }
+}
+
 fn print_tables(rows: &[Row]) {
     if rows.iter().any(|r| r.gpu.is_some()) {
         println!(
@@ -538,7 +568,7 @@ fn print_tables(rows: &[Row]) {
         let slots = r.expert_slots.map_or("all".to_string(), |s| s.to_string());
         for (test, m, sd) in [
             (format!("pp{}", r.n_prompt), r.pp_tok_s, r.pp_tok_s_sd),
-            (format!("tg{}", r.n_gen), r.tg_tok_s, r.tg_tok_s_sd),
+            (tg_name(r), r.tg_tok_s, r.tg_tok_s_sd),
         ] {
             println!(
                 "| {} | {} | {budget} | {} | {slots} | {test} | {m:.2} ± {sd:.2} |",

@@ -96,7 +96,7 @@ pub fn run(a: Args) -> Result<()> {
             .max_by(|x, y| x.1.total_cmp(y.1))
             .map_or(0, |(i, _)| i as u32);
         out.push(next.to_string());
-        logits = runner.forward(&mut st, &[next], brook_core::Logits::Last)?;
+        runner.forward_into(&mut st, &[next], brook_core::Logits::Last, &mut logits)?;
     }
     println!(
         "greedy generation ({} tokens in {:.1} s; random weights, so the ids are noise): {}",

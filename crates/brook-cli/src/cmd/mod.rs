@@ -216,10 +216,29 @@ impl Runner {
         tokens: &[u32],
         want: brook_core::Logits,
     ) -> Result<Vec<f32>> {
+        let mut out = Vec::new();
+        self.forward_into(state, tokens, want, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Runner::forward`] into `out`, whose memory is reused from call to call (a decode
+    /// loop then allocates nothing per token on the fast backends; the 35B's logits are 1 MB).
+    pub fn forward_into(
+        &mut self,
+        state: &mut brook_core::model::state::SeqState,
+        tokens: &[u32],
+        want: brook_core::Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         match &mut self.engine {
-            Some(e) => Ok(e.forward(state, tokens, want)?.to_vec()),
-            None => Ok(self.model.forward(state, tokens, want, None)?),
+            Some(e) => {
+                let logits = e.forward(state, tokens, want)?;
+                out.clear();
+                out.extend_from_slice(logits);
+            }
+            None => *out = self.model.forward(state, tokens, want, None)?,
         }
+        Ok(())
     }
 }
 

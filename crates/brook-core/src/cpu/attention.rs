@@ -37,9 +37,10 @@ fn weigh<const G: usize, const W: usize>(
     }
 }
 
-/// [`weigh`] over every dimension of `G` heads: 32 at a time, then 16, then one by one.
+/// [`weigh`] over every dimension of `G` heads: `W` at a time (32 or 16), then 16, then one
+/// by one.
 #[inline(always)]
-fn weigh_heads<const G: usize>(
+fn weigh_heads<const G: usize, const W: usize>(
     scores: &[f32],
     visible: usize,
     values: &[f32],
@@ -47,11 +48,11 @@ fn weigh_heads<const G: usize>(
     outs: &mut [f32],
     hd: usize,
 ) {
-    let (d32, d16) = (hd / 32 * 32, hd / 16 * 16);
-    for d in (0..d32).step_by(32) {
-        weigh::<G, 32>(scores, visible, values, stride, d, outs, hd);
+    let (dw, d16) = (hd / W * W, hd / 16 * 16);
+    for d in (0..dw).step_by(W) {
+        weigh::<G, W>(scores, visible, values, stride, d, outs, hd);
     }
-    for d in (d32..d16).step_by(16) {
+    for d in (dw..d16).step_by(16) {
         weigh::<G, 16>(scores, visible, values, stride, d, outs, hd);
     }
     for g in 0..G {
@@ -69,7 +70,7 @@ simd_fn! {
     /// outs [heads, hd]: for each query head of `qs` [heads, hd] (heads sharing kv head
     /// `kvh`), Σ_p softmax_p(scale · q·k_p) v_p over cached positions p < `visible`, with
     /// `keys`/`values` laid out [pos, nkv, hd]. Each cached key is read once for all the heads
-    /// passed, each value once per four of them. A head's result does not depend on which
+    /// passed, each value once per eight of them. A head's result does not depend on which
     /// heads come with it. `scores` needs heads·`visible` elements.
     pub fn attend(
         qs: &[f32],
@@ -98,15 +99,20 @@ simd_fn! {
         }
         let outs = &mut outs[..heads * hd];
         let values = &values[kvh * hd..];
-        // Heads in fours (then singly), so the accumulators stay in registers.
-        let fours = heads / 4 * 4;
-        for g0 in (0..fours).step_by(4) {
+        // Heads in eights (each value read once for them), then fours, then singly: eight
+        // accumulators of 16 floats stay in registers.
+        let (eights, fours) = (heads / 8 * 8, heads / 4 * 4);
+        for g0 in (0..eights).step_by(8) {
             let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
-            weigh_heads::<4>(sc, visible, values, stride, o, hd);
+            weigh_heads::<8, 16>(sc, visible, values, stride, o, hd);
+        }
+        for g0 in (eights..fours).step_by(4) {
+            let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
+            weigh_heads::<4, 32>(sc, visible, values, stride, o, hd);
         }
         for g in fours..heads {
             let (sc, o) = (&scores[g * visible..], &mut outs[g * hd..]);
-            weigh_heads::<1>(sc, visible, values, stride, o, hd);
+            weigh_heads::<1, 32>(sc, visible, values, stride, o, hd);
         }
     }
 }
