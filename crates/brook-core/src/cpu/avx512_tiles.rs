@@ -87,7 +87,7 @@ unsafe fn block<const D: usize>(
 /// (`avx512_vnni_mm::words16`) and its words' nibbles spread to bytes with `vpmultishiftqb`,
 /// then multiplied exactly as [`block`] does, so the same matrix gives the same bits in
 /// either order (an expert streamed into a slot stays in rows; resident ones go into tiles).
-/// Each group's 16 scales and biases are gathered from the rows as the group ends.
+/// Each group's 16 scales and biases are gathered from the rows as the group ends ([`gather16`]).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
 unsafe fn rows_block<const D: usize>(
@@ -104,15 +104,12 @@ unsafe fn rows_block<const D: usize>(
     unsafe {
         let (ctl_lo, ctl_hi, nib) = (nibble_ctl(0), nibble_ctl(16), _mm512_set1_epi8(0x0F));
         let base = a.packed.as_ptr().add(r0 * rb);
-        // Each row's scale and bias bytes (rows past nr unused).
-        let sb: [(*const u8, *const u8); 16] = std::array::from_fn(|r| {
-            if r < nr {
-                let (_, sr, br) = a.row(r0 + r);
-                (sr.as_ptr(), br.as_ptr())
-            } else {
-                (std::ptr::null(), std::ptr::null())
-            }
-        });
+        // Row r0's scales and biases; the rows' lie `stride` bytes apart.
+        let (groups, stride) = (a.groups(), a.groups() * a.float.size());
+        let (s0, b0) = (
+            a.scales.as_ptr().add(r0 * stride),
+            a.biases.as_ptr().add(r0 * stride),
+        );
         let mut acc = _mm512_setzero_ps();
         let mut p = _mm512_setzero_ps();
         for c in 0..n.div_ceil(64) {
@@ -152,19 +149,62 @@ unsafe fn rows_block<const D: usize>(
                 p = digit_sums::<D>(s, coef.add(blk * D), p);
                 if (blk + 1) % bpg == 0 {
                     let g = blk / bpg;
-                    let (mut sg, mut bg) = ([0.0f32; 16], [0.0f32; 16]);
-                    for (r, &(sp, bp)) in sb.iter().enumerate().take(nr) {
-                        sg[r] = scale_at(a.float, sp, g);
-                        bg[r] = scale_at(a.float, bp, g);
-                    }
-                    acc = _mm512_fmadd_ps(p, _mm512_loadu_ps(sg.as_ptr()), acc);
-                    let b = _mm512_loadu_ps(bg.as_ptr());
+                    let sg = gather16(a.float, s0, stride, g, groups, nr);
+                    let b = gather16(a.float, b0, stride, g, groups, nr);
+                    acc = _mm512_fmadd_ps(p, sg, acc);
                     acc = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums.add(g)), acc);
                     p = _mm512_setzero_ps();
                 }
             }
         }
         acc
+    }
+}
+
+/// Group `g`'s scale (or bias) of rows r < `nr` whose group-0 elements lie `stride` bytes
+/// apart from `p` on, widened to f32 (lanes from `nr` on are 0): one gather of 4-byte words
+/// instead of 16 scalar loads. A 16-bit value is read with its neighbour inside the row (the
+/// next group's, or for the last group the previous one's), so nothing past the row is read;
+/// a row of one group takes the scalar loads. Exact widening, as [`scale_at`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn gather16(
+    float: DType,
+    p: *const u8,
+    stride: usize,
+    g: usize,
+    groups: usize,
+    nr: usize,
+) -> __m512 {
+    // SAFETY: rows r < nr hold `groups` elements of `float` at p + r·stride (caller); every
+    // lane reads 4 bytes inside its row (see above); masked lanes read nothing.
+    unsafe {
+        let k: __mmask16 = if nr >= 16 { 0xFFFF } else { (1u16 << nr) - 1 };
+        let rows = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            _mm512_set1_epi32(stride as i32),
+        );
+        let zero = _mm512_setzero_si512();
+        if float.size() == 4 {
+            let w = _mm512_mask_i32gather_epi32::<1>(zero, k, rows, p.add(4 * g) as *const _);
+            return _mm512_castsi512_ps(w);
+        }
+        if groups < 2 {
+            let mut v = [0.0f32; 16];
+            for (r, x) in v.iter_mut().enumerate().take(nr) {
+                *x = scale_at(float, p.add(r * stride), g);
+            }
+            return _mm512_loadu_ps(v.as_ptr());
+        }
+        // The value in the low half (with the next) or, for the last group, the high half.
+        let last = g + 1 == groups;
+        let at = if last { 2 * g - 2 } else { 2 * g };
+        let w = _mm512_mask_i32gather_epi32::<1>(zero, k, rows, p.add(at) as *const _);
+        let low = if last { _mm512_srli_epi32::<16>(w) } else { w };
+        match float {
+            DType::BF16 => _mm512_castsi512_ps(_mm512_slli_epi32::<16>(low)),
+            _ => _mm512_cvtph_ps(_mm512_cvtepi32_epi16(low)),
+        }
     }
 }
 
