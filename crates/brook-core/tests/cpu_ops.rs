@@ -288,8 +288,8 @@ fn delta_rule_step_and_chunked_match_reference() {
 
 #[test]
 fn grouped_attention_equals_attention_per_head() {
-    // The prefill's attention over the query heads of one kv head at once must give each
-    // head exactly what the one-token path (one head per call) gives it.
+    // Attention over several query heads of one kv head at once (a chunk's unit, or a
+    // decode unit) must give each head exactly what one head per call gives it.
     let mut rng = Rng::new(21);
     // 84 dimensions: 32-wide, 16-wide and scalar steps; 14 heads: an eight, a four and two
     // singles.

@@ -167,9 +167,8 @@ impl Model {
             if opts.cpu_tiles() {
                 m.dense.tile();
             }
-            // Every expert is resident: there is nothing to read ahead, and guessing would
-            // cost a router product a layer.
-            m.prefetch = false;
+            // Every expert is resident: `load_resident` leaves prefetch off (nothing to read
+            // ahead; guessing would cost a router product a layer).
             m.prefill_chunk = opts.prefill_chunk;
             return Ok(m);
         }

@@ -11,9 +11,12 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use brook_core::Logits;
-use brook_core::experts::budget::{self, fmt_bytes};
+use brook_core::experts::budget;
 use brook_core::text::argmax;
 use serde::{Deserialize, Serialize};
+
+mod tables;
+use tables::print_tables;
 
 /// Measure prefill and decode speed, memory and I/O.
 #[derive(Debug, clap::Args)]
@@ -82,7 +85,7 @@ pub struct Row {
     #[serde(default)]
     pub disk_bw_after_gb_s: f64,
     /// Memory read bandwidth over the resident weights: the mean of the measurements right
-    /// before and right after the decode test (before the prefill when there is none).
+    /// before and right after the decode test (after the prefill alone when there is none).
     pub mem_bw_gb_s: f64,
     /// Those two measurements.
     #[serde(default)]
@@ -276,7 +279,6 @@ fn run_one(a: &Args) -> Result<Row> {
     // The memory's read bandwidth, like the disk's, right before and right after the decode
     // test: this host's moves between 21 and 40 GB/s from one minute to the next.
     let measure_mem = || super::memory_bandwidth(&model, threads);
-    let mem_first = measure_mem();
 
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut token = || {
@@ -310,11 +312,7 @@ fn run_one(a: &Args) -> Result<Row> {
         }
     }
     let disk_before = measure_disk()?;
-    let mem_before = if a.n_prompt > 0 && a.n_gen > 0 {
-        measure_mem()
-    } else {
-        mem_first
-    };
+    let mem_before = measure_mem();
     let mut tg = Vec::new();
     let before = model.experts.stats();
     let gpu_before = runner.gpu_stats();
@@ -517,99 +515,4 @@ fn dense_bytes(m: &brook_core::Model) -> usize {
             + e.down_proj.nbytes();
     }
     total
-}
-
-/// The decode test's name as llama-bench writes it: tg128, or tg128 @ d4096 with a depth.
-fn tg_name(r: &Row) -> String {
-    if r.depth > 0 {
-        format!("tg{} @ d{}", r.n_gen, r.depth)
-    } else {
-        format!("tg{}", r.n_gen)
-    }
-}
-
-fn print_tables(rows: &[Row]) {
-    if rows.iter().any(|r| r.gpu.is_some()) {
-        println!(
-            "| model | GPU budget | slots | pp{} t/s | TTFT (s) | tg{} t/s | hit rate | GB copied/token | syncs/token | HBM GB/s | H2D GB/s | limit tok/s | tg / limit |",
-            rows[0].n_prompt, rows[0].n_gen
-        );
-        println!(
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
-        );
-        for r in rows {
-            if let Some(g) = &r.gpu {
-                println!(
-                    "| {} | {} | {}{} | {:.1} | {:.3} | {:.1} ± {:.1} | {:.1}% | {:.3} | {:.1} | {:.0} | {:.1} | {:.0} | {:.0}% |",
-                    r.model,
-                    fmt_bytes(g.budget_bytes),
-                    g.slots,
-                    if g.resident { " (all)" } else { "" },
-                    r.pp_tok_s,
-                    r.ttft_s,
-                    r.tg_tok_s,
-                    r.tg_tok_s_sd,
-                    g.hit_rate * 100.0,
-                    g.bytes_copied_per_token / 1e9,
-                    g.syncs_per_token,
-                    g.hbm_gb_s,
-                    g.h2d_gb_s,
-                    g.limit_tok_s,
-                    r.tg_tok_s / g.limit_tok_s.max(1e-9) * 100.0
-                );
-            }
-        }
-        println!();
-    }
-    println!("| model | size | budget | threads | slots | test | t/s |");
-    println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for r in rows {
-        let budget = r.budget_bytes.map_or("auto".to_string(), fmt_bytes);
-        let slots = r.expert_slots.map_or("all".to_string(), |s| s.to_string());
-        for (test, m, sd) in [
-            (format!("pp{}", r.n_prompt), r.pp_tok_s, r.pp_tok_s_sd),
-            (tg_name(r), r.tg_tok_s, r.tg_tok_s_sd),
-        ] {
-            println!(
-                "| {} | {} | {budget} | {} | {slots} | {test} | {m:.2} ± {sd:.2} |",
-                r.model,
-                fmt_bytes(r.model_bytes),
-                r.threads
-            );
-        }
-    }
-    println!();
-    println!(
-        "| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit | ms/token: decode, read, compute | decode / max(read, compute) |"
-    );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
-    for r in rows {
-        let decode_s = if r.tg_tok_s > 0.0 {
-            1.0 / r.tg_tok_s
-        } else {
-            0.0
-        };
-        let bound = r.read_s_per_token.max(r.compute_s_per_token);
-        println!(
-            "| {} | {:.2} | {} | {:.1}% | {:.3} | {:.2} / {:.2} | {:.1} | {:.2} | {:.0}% | {:.0}, {:.0}, {:.0} | {:.2}x |",
-            r.budget_bytes.map_or("auto".to_string(), fmt_bytes),
-            r.ttft_s,
-            fmt_bytes(r.peak_rss_bytes),
-            r.hit_rate * 100.0,
-            r.bytes_read_per_token / 1e9,
-            r.disk_gb_s,
-            r.disk_bw_gb_s,
-            r.mem_bw_gb_s,
-            r.limit_tok_s,
-            if r.limit_tok_s > 0.0 {
-                r.tg_tok_s / r.limit_tok_s * 100.0
-            } else {
-                0.0
-            },
-            decode_s * 1e3,
-            r.read_s_per_token * 1e3,
-            r.compute_s_per_token * 1e3,
-            if bound > 0.0 { decode_s / bound } else { 0.0 }
-        );
-    }
 }
