@@ -160,7 +160,7 @@ impl TensorStore for Checkpoint {
     }
 
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; len as usize];
+        let mut buf = crate::aligned::zeroed_vec(len as usize);
         self.read_range_into(name, offset, &mut buf)?;
         Ok(buf)
     }

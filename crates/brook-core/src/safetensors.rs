@@ -138,7 +138,7 @@ impl SafeFile {
 
     /// Reads the raw bytes of a tensor described by `info`.
     pub fn read(&self, info: &TensorInfo) -> Result<Vec<u8>> {
-        let mut buf = vec![0u8; info.len as usize];
+        let mut buf = crate::aligned::zeroed_vec(info.len as usize);
         self.read_into(info.offset, &mut buf)?;
         Ok(buf)
     }

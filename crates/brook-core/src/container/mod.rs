@@ -250,7 +250,7 @@ impl TensorStore for Container {
                 "read past the end of tensor `{name}`"
             )));
         }
-        let mut buf = vec![0u8; len as usize];
+        let mut buf = crate::aligned::zeroed_vec(len as usize);
         self.dense.read_into(info.offset + offset, &mut buf)?;
         Ok(buf)
     }

@@ -7,7 +7,6 @@
 //! caller computes the shared expert and the hits while the misses land. The cache changes
 //! speed, never results: a slot holds exactly the bytes of the container's blob.
 
-use std::cell::UnsafeCell;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
@@ -102,13 +101,62 @@ struct State {
     shutdown: bool,
 }
 
-/// Slot memory, written only by the I/O thread that owns a Loading slot.
-struct SlotBuf(UnsafeCell<AlignedBuf>);
+/// Slot memory: one mapping for every slot, `pitch` bytes apart, resident only as slots are
+/// first read into. (Advised onto huge pages, the resident 35B's fast decode was no faster:
+/// docs/BENCH.md, session 11.) A slot's bytes are written only by the I/O thread that owns it
+/// while Loading.
+struct SlotBufs {
+    /// Owns the mapping; never borrowed after `base` was taken from it.
+    _arena: AlignedBuf,
+    base: *mut u8,
+    pitch: usize,
+    len: usize,
+    count: usize,
+}
 
-// SAFETY: access follows the slot protocol: a buffer is written only while its slot is
+// SAFETY: access follows the slot protocol: a slot's bytes are written only while its slot is
 // Loading (by exactly one I/O thread) and read only while Ready and pinned, both decided under
-// the state mutex, so no reader and writer ever overlap.
-unsafe impl Sync for SlotBuf {}
+// the state mutex, so no reader and writer of one slot ever overlap, and slots are disjoint.
+unsafe impl Sync for SlotBufs {}
+// SAFETY: as above; the pointer is into the mapping the struct owns.
+unsafe impl Send for SlotBufs {}
+
+impl SlotBufs {
+    fn new(count: usize, len: usize) -> Self {
+        let pitch = len.max(1).next_multiple_of(crate::aligned::ALIGN);
+        let mut arena = AlignedBuf::zeroed(count * pitch);
+        let base = arena.as_mut_ptr();
+        SlotBufs {
+            _arena: arena,
+            base,
+            pitch,
+            len,
+            count,
+        }
+    }
+
+    /// Slot `i`'s bytes, to write.
+    ///
+    /// # Safety
+    /// The caller owns slot `i` (Loading, popped by this I/O thread): no other reference to
+    /// its bytes exists while the result lives.
+    #[allow(clippy::mut_from_ref)]
+    unsafe fn slot_mut(&self, i: usize) -> &mut [u8] {
+        assert!(i < self.count);
+        // SAFETY: slot i lies inside the mapping; exclusivity is the caller's promise.
+        unsafe { std::slice::from_raw_parts_mut(self.base.add(i * self.pitch), self.len) }
+    }
+
+    /// Slot `i`'s bytes, to read.
+    ///
+    /// # Safety
+    /// Slot `i` is pinned and not Loading: nothing writes it while the result lives.
+    unsafe fn slot(&self, i: usize) -> &[u8] {
+        assert!(i < self.count);
+        // SAFETY: as in `slot_mut`.
+        unsafe { std::slice::from_raw_parts(self.base.add(i * self.pitch), self.len) }
+    }
+}
 
 struct Shared {
     state: Mutex<State>,
@@ -116,7 +164,7 @@ struct Shared {
     loaded: Condvar,
     /// Signalled when a job is queued or on shutdown.
     work: Condvar,
-    bufs: Vec<SlotBuf>,
+    bufs: SlotBufs,
     store: ExpertStore,
     layouts: Vec<Arc<ExpertLayout>>,
     /// Whether slots hold their experts in 16-row tiles ([`ExpertCache::tile_experts`]).
@@ -139,7 +187,7 @@ pub struct ExpertCache {
 impl std::fmt::Debug for ExpertCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ExpertCache")
-            .field("slots", &self.shared.bufs.len())
+            .field("slots", &self.shared.bufs.count)
             .field("direct", &self.shared.store.direct)
             .finish()
     }
@@ -179,9 +227,7 @@ impl ExpertCache {
             state: Mutex::new(state),
             loaded: Condvar::new(),
             work: Condvar::new(),
-            bufs: (0..slots)
-                .map(|_| SlotBuf(UnsafeCell::new(AlignedBuf::zeroed(stride))))
-                .collect(),
+            bufs: SlotBufs::new(slots, stride),
             store,
             layouts,
             tiles: std::sync::atomic::AtomicBool::new(false),
@@ -215,7 +261,7 @@ impl ExpertCache {
     }
 
     pub fn slots(&self) -> usize {
-        self.shared.bufs.len()
+        self.shared.bufs.count
     }
 
     /// Whether reads bypass the page cache.
@@ -288,7 +334,7 @@ fn io_loop(s: &Shared) {
         };
         // SAFETY: this thread popped the job for a Loading slot; nobody else touches the
         // buffer until the status changes under the lock below.
-        let buf = unsafe { &mut *s.bufs[slot].0.get() };
+        let buf = unsafe { s.bufs.slot_mut(slot) };
         let result = s
             .store
             .check(layer)
@@ -481,7 +527,7 @@ impl ExpertData for SlotHandle {
         drop(st);
         // SAFETY: the slot is pinned by this handle and not Loading, so no I/O thread writes
         // it until the pin is released; a shared borrow for the handle's life is sound.
-        let buf = unsafe { &*self.shared.bufs[self.slot].0.get() };
+        let buf = unsafe { self.shared.bufs.slot(self.slot) };
         let tiled = self.shared.tiles.load(std::sync::atomic::Ordering::Relaxed);
         self.shared.layouts[self.layer].view_as(buf, tiled)
     }

@@ -73,7 +73,7 @@ impl ExpertStore {
     }
 
     /// Reads expert `e` of `layer` into `buf` (one stride, page-aligned).
-    pub fn read(&self, layer: usize, e: usize, buf: &mut AlignedBuf) -> Result<()> {
+    pub fn read(&self, layer: usize, e: usize, buf: &mut [u8]) -> Result<()> {
         let lf = &self.layers[layer];
         let off = e as u64 * lf.stride;
         let n = lf.stride as usize;
