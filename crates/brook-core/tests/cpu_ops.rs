@@ -9,7 +9,7 @@ mod common;
 use brook_core::Model;
 use brook_core::cpu::attention::attend;
 use brook_core::cpu::delta::{self, HeadRows};
-use brook_core::cpu::ops::{rms_norm, rope, rope_inv_freq, route_top_k};
+use brook_core::cpu::ops::{rms_norm, rope, rope_angles, rope_inv_freq, route_top_k};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{SimdLevel, SwigluScratch, expert_swiglu};
 use brook_core::dtype::DType;
@@ -123,7 +123,9 @@ fn rope_matches_reference() {
         let x = rng.vec(cfg.head_dim, 1.0);
         let (mut a, mut b) = (x.clone(), x);
         attention::rope(&mut a, pos, cfg);
-        rope(&mut b, pos, &inv);
+        let mut cs = vec![0.0; 2 * inv.len()];
+        rope_angles(pos, &inv, &mut cs);
+        rope(&mut b, &cs);
         assert_eq!(a, b, "pos {pos}");
     }
 }

@@ -13,7 +13,7 @@ use crate::cpu::attention::attend;
 use crate::cpu::delta::{self, HeadRows};
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{
-    gated_rms_norm, mul_acc, rms_norm, rms_norm_scaled_inplace, rope, sigmoid_gate,
+    gated_rms_norm, mul_acc, rms_norm, rms_norm_scaled_inplace, rope, rope_angles, sigmoid_gate,
 };
 use crate::cpu::pool::{Chunks, SharedMut};
 use crate::error::Result;
@@ -30,7 +30,6 @@ pub struct MixerScratch {
     b: Vec<f32>,         // [C, nv]
     a: Vec<f32>,         // [C, nv]
     conv: Vec<f32>,      // [C, conv_dim] after conv + SiLU; q, k normalised in place
-    conv_next: Vec<f32>, // [K−1, conv_dim]
     beta: Vec<f32>,      // [C, nv]
     g: Vec<f32>,         // [C, nv] log-decay
     o: Vec<f32>,         // [nv, C, dv] delta-rule output, head-major
@@ -43,6 +42,7 @@ pub struct MixerScratch {
     q: Vec<f32>,      // [C, nq·hd] normalised, rotated
     gate: Vec<f32>,   // [C, nq·hd]
     scores: Vec<f32>, // [threads, nq/nkv, score_cap]
+    rot: Vec<f32>,    // [rotary_dim] cos and sin of one position's angles
     score_cap: usize,
     xs: XScratch,
     ys: XScratch,
@@ -55,7 +55,7 @@ impl MixerScratch {
             cfg.linear_value_head_dim,
             cfg.linear_key_head_dim,
         );
-        let (cd, kk) = (cfg.conv_dim(), cfg.linear_conv_kernel_dim);
+        let cd = cfg.conv_dim();
         let (nq, nkv, hd) = (
             cfg.num_attention_heads,
             cfg.num_key_value_heads,
@@ -71,7 +71,6 @@ impl MixerScratch {
             b: vec![0.0; chunk * nv],
             a: vec![0.0; chunk * nv],
             conv: vec![0.0; chunk * cd],
-            conv_next: vec![0.0; kk.saturating_sub(1) * cd],
             beta: vec![0.0; chunk * nv],
             g: vec![0.0; chunk * nv],
             o: vec![0.0; nv * chunk * dv],
@@ -84,6 +83,7 @@ impl MixerScratch {
             q: vec![0.0; chunk * nq * hd],
             gate: vec![0.0; chunk * nq * hd],
             scores: vec![0.0; threads * (nq / nkv.max(1)).max(1) * context],
+            rot: vec![0.0; cfg.rotary_dim / 2 * 2],
             score_cap: context,
             xs: XScratch::default(),
             ys: XScratch::default(),
@@ -130,58 +130,61 @@ pub fn delta_net(
         ],
     )?;
 
-    // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by channel.
+    // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by channel
+    // in runs of whole heads; each run then normalises its q and k heads — q = l2(q)/√dk,
+    // k = l2(k) (as rms norms with ε/dk) — and moves its channels of the conv state on.
     let past = kk - 1;
+    let inv_scale = (dk as f32).powf(-0.5);
+    let eps = 1e-6 / dk as f32;
     {
-        let (qkv, state, cv) = (&s.qkv, &*conv_state, SharedMut::new(&mut s.conv[..t * cd]));
-        let chunks = Chunks::new(cd, 512);
+        let qkv = &s.qkv;
+        let (cv, state) = (SharedMut::new(&mut s.conv[..t * cd]), SharedMut::new(conv_state));
+        let chunks = Chunks::new(cd.div_ceil(dk), (512 / dk).max(1));
         ex.pool.run(&|_| {
-            while let Some(ch) = chunks.claim() {
+            while let Some(hs) = chunks.claim() {
+                let ch = hs.start * dk..(hs.end * dk).min(cd);
                 for ti in 0..t {
-                    // SAFETY: each chunk of channels is claimed by one thread only.
+                    // SAFETY: each run of channels is claimed by one thread only, and the
+                    // state's columns `ch` are read and then written by that thread alone.
                     let o = unsafe { cv.slice(ti * cd + ch.start..ti * cd + ch.end) };
                     o.fill(0.0);
                     for m in 0..kk {
                         let r = ti + m;
                         let src = if r < past {
-                            &state[r * cd..]
+                            // SAFETY: as above (columns `ch` of row r, read only here).
+                            unsafe { state.slice(r * cd + ch.start..r * cd + ch.end) }
                         } else {
-                            &qkv[(r - past) * cd..]
+                            &qkv[(r - past) * cd + ch.start..(r - past) * cd + ch.end]
                         };
-                        mul_acc(
-                            level,
-                            &conv_t[m * cd + ch.start..m * cd + ch.end],
-                            &src[ch.clone()],
-                            o,
-                        );
+                        mul_acc(level, &conv_t[m * cd + ch.start..m * cd + ch.end], src, o);
                     }
                     o.iter_mut().for_each(|v| *v = silu(*v));
+                    for (j, head) in o.chunks_mut(dk).enumerate() {
+                        let c0 = ch.start + j * dk;
+                        if c0 + dk <= key_dim {
+                            rms_norm_scaled_inplace(level, head, eps, inv_scale * inv_scale);
+                        } else if c0 + dk <= 2 * key_dim {
+                            rms_norm_scaled_inplace(level, head, eps, inv_scale);
+                        }
+                    }
+                }
+                // The state's rows become the last K−1 rows of [state; qkv], oldest first;
+                // row r's source (row t + r) is always later, so ascending r is in place.
+                for r in 0..past {
+                    let src = t + r;
+                    // SAFETY: as above.
+                    let dst = unsafe { state.slice(r * cd + ch.start..r * cd + ch.end) };
+                    if src < past {
+                        // SAFETY: as above; rows src > r are not written before this read.
+                        let from = unsafe { state.slice(src * cd + ch.start..src * cd + ch.end) };
+                        dst.copy_from_slice(from);
+                    } else {
+                        let at = (src - past) * cd;
+                        dst.copy_from_slice(&qkv[at + ch.start..at + ch.end]);
+                    }
                 }
             }
         });
-    }
-    for r in 0..past {
-        let src = t + r;
-        let row = if src < past {
-            &conv_state[src * cd..(src + 1) * cd]
-        } else {
-            &s.qkv[(src - past) * cd..(src - past + 1) * cd]
-        };
-        s.conv_next[r * cd..(r + 1) * cd].copy_from_slice(row);
-    }
-    conv_state.copy_from_slice(&s.conv_next[..past * cd]);
-
-    // q = l2(q)/√dk, k = l2(k) (as rms norms with ε/dk), β = σ(b), g = −e^{A_log}·softplus(a + dt_bias).
-    let inv_scale = (dk as f32).powf(-0.5);
-    let eps = 1e-6 / dk as f32;
-    for ti in 0..t {
-        let row = &mut s.conv[ti * cd..(ti + 1) * cd];
-        for head in row[..key_dim].chunks_exact_mut(dk) {
-            rms_norm_scaled_inplace(level, head, eps, inv_scale * inv_scale);
-        }
-        for head in row[key_dim..2 * key_dim].chunks_exact_mut(dk) {
-            rms_norm_scaled_inplace(level, head, eps, inv_scale);
-        }
     }
     for i in 0..t * nv {
         s.beta[i] = sigmoid(s.b[i]);
@@ -193,7 +196,8 @@ pub fn delta_net(
         let st = SharedMut::new(ssm);
         let o = SharedMut::new(&mut s.o[..]);
         let ds = SharedMut::new(&mut s.dscratch[..]);
-        let (conv, g, beta) = (&s.conv, &s.g, &s.beta);
+        let (conv, g, beta, z) = (&s.conv, &s.g, &s.beta, &s.z);
+        let (y, eps_n) = (SharedMut::new(&mut s.y[..t * nv * dv]), cfg.rms_norm_eps);
         let heads = Chunks::new(nv, 1);
         ex.pool.run(&|tid| {
             // SAFETY: thread `tid` owns scratch slot `tid`, and each head is claimed by one
@@ -229,16 +233,15 @@ pub fn delta_net(
                     };
                     delta::chunked(level, &rows, t, sh, scratch, oh);
                 }
+                // The head's gated norm, token by token, into its columns of y.
+                for ti in 0..t {
+                    let zh = &z[(ti * nv + h) * dv..][..dv];
+                    // SAFETY: y's columns of head h are written by this thread only.
+                    let yh = unsafe { y.slice((ti * nv + h) * dv..(ti * nv + h + 1) * dv) };
+                    gated_rms_norm(level, &oh[ti * dv..][..dv], zh, &w.norm, eps_n, yh);
+                }
             }
         });
-    }
-    for ti in 0..t {
-        for h in 0..nv {
-            let oh = &s.o[(h * chunk + ti) * dv..][..dv];
-            let zh = &s.z[(ti * nv + h) * dv..][..dv];
-            let yh = &mut s.y[(ti * nv + h) * dv..][..dv];
-            gated_rms_norm(level, oh, zh, &w.norm, cfg.rms_norm_eps, yh);
-        }
     }
     ex.linears(
         &s.y[..t * nv * dv],
@@ -285,11 +288,13 @@ pub fn attention(
     )?;
     let eps = cfg.rms_norm_eps;
     for ti in 0..t {
+        let cs = &mut s.rot[..2 * inv_freq.len()];
+        rope_angles(pos0 + ti, inv_freq, cs);
         for head in 0..nq {
             let src = &s.qg[ti * qw + head * per_head..][..per_head];
             let dst = (ti * nq + head) * hd;
             rms_norm(level, &src[..hd], &w.q_norm, eps, &mut s.q[dst..dst + hd]);
-            rope(&mut s.q[dst..dst + hd], pos0 + ti, inv_freq);
+            rope(&mut s.q[dst..dst + hd], cs);
             if gated {
                 s.gate[dst..dst + hd].copy_from_slice(&src[hd..]);
             }
@@ -300,7 +305,7 @@ pub fn attention(
             let tmp = &mut s.y[..hd];
             rms_norm(level, &s.kk[at..at + hd], &w.k_norm, eps, tmp);
             s.kk[at..at + hd].copy_from_slice(tmp);
-            rope(&mut s.kk[at..at + hd], pos0 + ti, inv_freq);
+            rope(&mut s.kk[at..at + hd], cs);
         }
     }
     keys.extend_from_slice(&s.kk[..t * nkv * hd]);
@@ -329,7 +334,7 @@ pub fn attention(
             SharedMut::new(&mut s.y[..t * nq * hd]),
             SharedMut::new(&mut s.scores[..]),
         );
-        let (q, keys, values) = (&s.q, &keys[..], &values[..]);
+        let (q, keys, values, gate) = (&s.q, &keys[..], &values[..], &s.gate);
         let units = Chunks::new(t * nq / hp, 1);
         ex.pool.run(&|tid| {
             // SAFETY: thread `tid` owns score rows tid·hp..; each unit is claimed by one
@@ -342,7 +347,7 @@ pub fn attention(
                 let o = unsafe { att.slice(rows.clone()) };
                 attend(
                     level,
-                    &q[rows],
+                    &q[rows.clone()],
                     hd,
                     keys,
                     values,
@@ -353,11 +358,11 @@ pub fn attention(
                     scores,
                     o,
                 );
+                if gated {
+                    sigmoid_gate(o, &gate[rows]);
+                }
             }
         });
-    }
-    if gated {
-        sigmoid_gate(&mut s.y[..t * nq * hd], &s.gate[..t * nq * hd]);
     }
     ex.linears(
         &s.y[..t * nq * hd],

@@ -234,15 +234,24 @@ pub fn rope_inv_freq(cfg: &ModelConfig) -> Vec<f64> {
         .collect()
 }
 
-/// Rotates the first 2·inv_freq.len() dims of one head at `pos` ("rotate half"), as
-/// `attention::rope`.
-pub fn rope(x: &mut [f32], pos: usize, inv_freq: &[f64]) {
+/// cos and sin of RoPE's angles at `pos` into `cs` ([cos; sin], 2·inv_freq.len()), computed
+/// as `attention::rope` does, once for every head of a token.
+pub fn rope_angles(pos: usize, inv_freq: &[f64], cs: &mut [f32]) {
     let half = inv_freq.len();
     for (j, &f) in inv_freq.iter().enumerate() {
         let angle = pos as f64 * f;
-        let (sin, cos) = (angle.sin() as f32, angle.cos() as f32);
+        (cs[j], cs[half + j]) = (angle.cos() as f32, angle.sin() as f32);
+    }
+}
+
+/// Rotates the first `cs.len()` dims of one head by [`rope_angles`]'s `cs` ("rotate half"),
+/// as `attention::rope`.
+pub fn rope(x: &mut [f32], cs: &[f32]) {
+    let half = cs.len() / 2;
+    let (cos, sin) = cs.split_at(half);
+    for j in 0..half {
         let (x1, x2) = (x[j], x[j + half]);
-        x[j] = x1 * cos - x2 * sin;
-        x[j + half] = x2 * cos + x1 * sin;
+        x[j] = x1 * cos[j] - x2 * sin[j];
+        x[j + half] = x2 * cos[j] + x1 * sin[j];
     }
 }

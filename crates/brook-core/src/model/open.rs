@@ -272,15 +272,19 @@ struct ResidentCache {
 
 impl crate::model::moe::ExpertSource for ResidentCache {
     fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
-        ids.iter()
-            .map(|&e| {
-                self.layers
-                    .get(layer)
-                    .and_then(|l| l.get(e))
-                    .cloned()
-                    .ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))
-            })
-            .collect()
+        let mut out = Vec::with_capacity(ids.len());
+        self.fetch_into(layer, ids, &mut out)?;
+        Ok(out)
+    }
+    fn fetch_into(&self, layer: usize, ids: &[usize], out: &mut Vec<ExpertHandle>) -> Result<()> {
+        for &e in ids {
+            let h = self.layers.get(layer).and_then(|l| l.get(e));
+            out.push(
+                h.cloned()
+                    .ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))?,
+            );
+        }
+        Ok(())
     }
     fn stats(&self) -> Option<crate::experts::CacheStats> {
         crate::model::moe::ExpertSource::stats(&self.cache)

@@ -92,6 +92,20 @@ impl PartialEq for SeqState {
     }
 }
 
+/// `n` zeros with every page already written. A large zeroed vector is a mapping of the
+/// shared zero page; the recurrent states are read before they are written, so each of their
+/// pages would otherwise fault twice during the first token (a read maps the zero page, the
+/// write copies it and must flush the TLB of every other thread: with the 35B's 60 MB of
+/// state, the first decoded token spent tens of ms in those faults).
+fn written_zeros(n: usize) -> Vec<f32> {
+    let mut v = vec![0.0f32; n];
+    for x in v.iter_mut().step_by(1024) {
+        // SAFETY: `x` is a valid, aligned element of `v`; a volatile write is not elided.
+        unsafe { std::ptr::write_volatile(x, 0.0) };
+    }
+    v
+}
+
 impl SeqState {
     /// A fresh sequence.
     pub fn new(cfg: &ModelConfig) -> Self {
@@ -100,8 +114,8 @@ impl SeqState {
             .iter()
             .map(|k| match k {
                 LayerKind::Linear => LayerState::Linear {
-                    conv: vec![0.0; cfg.conv_state_len()],
-                    ssm: vec![0.0; cfg.ssm_state_len()],
+                    conv: written_zeros(cfg.conv_state_len()),
+                    ssm: written_zeros(cfg.ssm_state_len()),
                 },
                 LayerKind::Full => LayerState::Full {
                     keys: Vec::new(),
