@@ -110,6 +110,21 @@ fn router_top_k_chooses_what_the_reference_chooses() {
         let (mut sel, mut wts) = (vec![0; k], vec![0.0; k]);
         route_top_k(&mut p, norm, &mut sel, &mut wts);
         assert_eq!(sel, (0..k).collect::<Vec<_>>());
+        // Many partial ties: the k largest by value, lower index first among equals.
+        for _ in 0..50 {
+            let logits: Vec<f32> = rng
+                .vec(e_n, 1.0)
+                .iter()
+                .map(|v| (v * 2.0).round())
+                .collect();
+            let mut p = logits.clone();
+            let (mut sel, mut wts) = (vec![0; k], vec![0.0; k]);
+            route_top_k(&mut p, false, &mut sel, &mut wts);
+            let mut order: Vec<usize> = (0..e_n).collect();
+            order.sort_by(|&a, &b| p[b].total_cmp(&p[a]).then(a.cmp(&b)));
+            assert_eq!(sel, order[..k], "{logits:?}");
+            assert!(sel.iter().zip(&wts).all(|(&e, &w)| p[e] == w));
+        }
     }
 }
 

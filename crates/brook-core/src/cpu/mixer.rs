@@ -25,16 +25,16 @@ use crate::model::weights::{AttentionWeights, DeltaNetWeights};
 pub struct MixerScratch {
     chunk: usize,
     threads: usize,
-    qkv: Vec<f32>,       // [C, conv_dim] pre-activation
-    z: Vec<f32>,         // [C, nv·dv]
-    b: Vec<f32>,         // [C, nv]
-    a: Vec<f32>,         // [C, nv]
-    conv: Vec<f32>,      // [C, conv_dim] after conv + SiLU; q, k normalised in place
-    beta: Vec<f32>,      // [C, nv]
-    g: Vec<f32>,         // [C, nv] log-decay
-    o: Vec<f32>,         // [nv, C, dv] delta-rule output, head-major
-    y: Vec<f32>,         // [C, nv·dv] after the gated norm; attention: [C, nq·hd]
-    dscratch: Vec<f32>,  // [threads, per-thread delta scratch]
+    qkv: Vec<f32>,      // [C, conv_dim] pre-activation
+    z: Vec<f32>,        // [C, nv·dv]
+    b: Vec<f32>,        // [C, nv]
+    a: Vec<f32>,        // [C, nv]
+    conv: Vec<f32>,     // [C, conv_dim] after conv + SiLU; q, k normalised in place
+    beta: Vec<f32>,     // [C, nv]
+    g: Vec<f32>,        // [C, nv] log-decay
+    o: Vec<f32>,        // [nv, C, dv] delta-rule output, head-major
+    y: Vec<f32>,        // [C, nv·dv] after the gated norm; attention: [C, nq·hd]
+    dscratch: Vec<f32>, // [threads, per-thread delta scratch]
     dper: usize,
     qg: Vec<f32>,     // [C, q_proj out]
     kk: Vec<f32>,     // [C, nkv·hd]
@@ -138,7 +138,10 @@ pub fn delta_net(
     let eps = 1e-6 / dk as f32;
     {
         let qkv = &s.qkv;
-        let (cv, state) = (SharedMut::new(&mut s.conv[..t * cd]), SharedMut::new(conv_state));
+        let (cv, state) = (
+            SharedMut::new(&mut s.conv[..t * cd]),
+            SharedMut::new(conv_state),
+        );
         let chunks = Chunks::new(cd.div_ceil(dk), (512 / dk).max(1));
         ex.pool.run(&|_| {
             while let Some(hs) = chunks.claim() {

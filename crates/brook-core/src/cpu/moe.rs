@@ -208,11 +208,13 @@ fn decode(
                 x,
                 1,
                 &mut s.xs,
+                // The 8-bit routers last: the pool's last claims are the short ones, so their
+                // slower rows are shared out rather than left to the first claim.
                 &mut [
-                    (w.gate.view(), router),
-                    (w.shared_expert_gate.view(), sgate),
                     (sh.gate_proj, &mut hg_s[..is]),
                     (sh.up_proj, &mut hu_s[..is]),
+                    (w.gate.view(), router),
+                    (w.shared_expert_gate.view(), sgate),
                 ],
             )?;
         }

@@ -204,22 +204,26 @@ pub fn softmax(x: &mut [f32]) {
 
 /// Router of one token, as `moe::route`: softmax over the logits `p` (in place), the `k`
 /// largest (ties: lower index first) into `experts` / `weights` in descending order,
-/// renormalised to sum 1 when `norm`. No allocation: k passes over E.
+/// renormalised to sum 1 when `norm`. No allocation: one pass over E, keeping the best k
+/// seen in order (an expert enters behind every kept one that is not smaller, so among equal
+/// values the lower index stays first).
 pub fn route_top_k(p: &mut [f32], norm: bool, experts: &mut [usize], weights: &mut [f32]) {
     softmax(p);
-    let k = experts.len();
-    for j in 0..k {
-        let mut best = usize::MAX;
-        for (e, &v) in p.iter().enumerate() {
-            if experts[..j].contains(&e) {
-                continue;
-            }
-            if best == usize::MAX || v.total_cmp(&p[best]).is_gt() {
-                best = e;
-            }
+    let k = experts.len().min(p.len());
+    let mut kept = 0;
+    for (e, &v) in p.iter().enumerate() {
+        if kept == k && v.total_cmp(&weights[k - 1]).is_le() {
+            continue;
         }
-        experts[j] = best;
-        weights[j] = p[best];
+        let at = weights[..kept]
+            .iter()
+            .position(|w| v.total_cmp(w).is_gt())
+            .unwrap_or(kept);
+        let end = kept.min(k - 1);
+        experts.copy_within(at..end, at + 1);
+        weights.copy_within(at..end, at + 1);
+        (experts[at], weights[at]) = (e, v);
+        kept = (kept + 1).min(k);
     }
     if norm {
         let sum: f32 = weights.iter().sum();

@@ -111,12 +111,19 @@ impl XPrep {
         self.x.clear();
         self.x.extend_from_slice(x);
         let n = x.len();
-        for (k, g) in [32usize, 64, 128].into_iter().enumerate() {
-            let sums = &mut self.sums[k];
-            sums.clear();
-            if n.is_multiple_of(g) {
-                sums.extend(x.chunks_exact(g).map(|c| c.iter().sum::<f32>()));
-            }
+        // Σx per 32 in order; per 64 and 128 as sums of the two halves' (one pass over x).
+        let [s32, s64, s128] = &mut self.sums;
+        s32.clear();
+        s64.clear();
+        s128.clear();
+        if n.is_multiple_of(32) {
+            s32.extend(x.chunks_exact(32).map(|c| c.iter().sum::<f32>()));
+        }
+        if n.is_multiple_of(64) {
+            s64.extend(s32.chunks_exact(2).map(|p| p[0] + p[1]));
+        }
+        if n.is_multiple_of(128) {
+            s128.extend(s64.chunks_exact(2).map(|p| p[0] + p[1]));
         }
         self.lanes.clear();
         let lanes = match level {
