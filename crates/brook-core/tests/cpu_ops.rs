@@ -309,7 +309,7 @@ fn grouped_attention_equals_attention_per_head() {
     // decode unit) must give each head exactly what one head per call gives it.
     let mut rng = Rng::new(21);
     // 84 dimensions: 32-wide, 16-wide and scalar steps; 14 heads: an eight, a four and two
-    // singles.
+    // singles; up to 37 positions: three blocks of positions, the last partial.
     let (hd, nkv, group, len) = (84, 3, 14, 37);
     let keys = rng.vec(len * nkv * hd, 1.0);
     let values = rng.vec(len * nkv * hd, 1.0);
@@ -343,6 +343,17 @@ fn grouped_attention_equals_attention_per_head() {
                     bits(&want),
                     "{level:?} kv head {kvh}, {visible} visible, head {g}"
                 );
+                // Each output is the weights' sum over positions in order, one FMA a term,
+                // whatever blocks of positions the kernel takes (`sc` holds the weights).
+                let stride = nkv * hd;
+                let in_order: Vec<f32> = (0..hd)
+                    .map(|d| {
+                        (0..visible).fold(0.0f32, |a, p| {
+                            sc[p].mul_add(values[p * stride + kvh * hd + d], a)
+                        })
+                    })
+                    .collect();
+                assert_eq!(bits(&want), bits(&in_order), "{level:?} {visible} visible");
             }
         }
     }

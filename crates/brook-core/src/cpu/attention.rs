@@ -8,9 +8,14 @@
 use crate::cpu::SimdLevel;
 use crate::cpu::ops::{plain, simd_fn, softmax};
 
-/// outs [G, hd] = Σ_p scores[g, p] · v_p for the `W` dimensions at `d`, each output summed
+/// Positions weighed per block: a block's values (`BLOCK` rows of hd floats) stay in L1/L2
+/// across the passes over its dimensions, and the next block's rows are prefetched meanwhile.
+const BLOCK: usize = 16;
+
+/// outs [G, hd] (+)= Σ_{p in ps} scores[g, p] · v_p for the `W` dimensions at `d`, starting
+/// from zero when `ps` starts at 0 and from what `outs` holds otherwise. Each output is summed
 /// over p in order with one fused multiply-add per term (as an axpy per position would), so
-/// a head's result does not depend on `G`, `W` or its company.
+/// a head's result does not depend on `G`, `W`, the blocks or its company.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn weigh<const G: usize, const W: usize>(
@@ -19,11 +24,17 @@ fn weigh<const G: usize, const W: usize>(
     values: &[f32],
     stride: usize,
     d: usize,
+    ps: std::ops::Range<usize>,
     outs: &mut [f32],
     hd: usize,
 ) {
     let mut acc = [[0.0f32; W]; G];
-    for p in 0..visible {
+    if ps.start > 0 {
+        for (g, a) in acc.iter_mut().enumerate() {
+            a.copy_from_slice(&outs[g * hd + d..][..W]);
+        }
+    }
+    for p in ps {
         let v: &[f32; W] = values[p * stride + d..][..W].try_into().expect("W values");
         for (g, a) in acc.iter_mut().enumerate() {
             let s = scores[g * visible + p];
@@ -37,8 +48,24 @@ fn weigh<const G: usize, const W: usize>(
     }
 }
 
-/// [`weigh`] over every dimension of `G` heads: `W` at a time (32 or 16), then 16, then one
-/// by one.
+/// Asks for the cache lines of `row` ahead of use (no effect off x86-64).
+#[inline(always)]
+fn prefetch(row: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in row.chunks(16) {
+        // SAFETY: a prefetch is a hint; the address is inside `row`.
+        unsafe {
+            std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                line.as_ptr().cast(),
+            )
+        };
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = row;
+}
+
+/// [`weigh`] over every dimension of `G` heads, in blocks of [`BLOCK`] positions: `W` at a
+/// time (32 or 16), then 16, then one by one.
 #[inline(always)]
 fn weigh_heads<const G: usize, const W: usize>(
     scores: &[f32],
@@ -49,11 +76,29 @@ fn weigh_heads<const G: usize, const W: usize>(
     hd: usize,
 ) {
     let (dw, d16) = (hd / W * W, hd / 16 * 16);
-    for d in (0..dw).step_by(W) {
-        weigh::<G, W>(scores, visible, values, stride, d, outs, hd);
-    }
-    for d in (dw..d16).step_by(16) {
-        weigh::<G, 16>(scores, visible, values, stride, d, outs, hd);
+    for p0 in (0..visible).step_by(BLOCK) {
+        let (ps, next) = (
+            p0..(p0 + BLOCK).min(visible),
+            p0 + BLOCK..(p0 + 2 * BLOCK).min(visible),
+        );
+        // The next block's rows, spread over this block's passes.
+        let passes = (dw / W + (d16 - dw) / 16).max(1);
+        let per = next.len().div_ceil(passes);
+        let mut ahead = next.clone();
+        let fetch = |ahead: &mut std::ops::Range<usize>| {
+            for p in ahead.by_ref().take(per) {
+                prefetch(&values[p * stride..][..hd]);
+            }
+        };
+        for d in (0..dw).step_by(W) {
+            fetch(&mut ahead);
+            weigh::<G, W>(scores, visible, values, stride, d, ps.clone(), outs, hd);
+        }
+        for d in (dw..d16).step_by(16) {
+            fetch(&mut ahead);
+            weigh::<G, 16>(scores, visible, values, stride, d, ps.clone(), outs, hd);
+        }
+        fetch(&mut ahead);
     }
     for g in 0..G {
         for d in d16..hd {
