@@ -151,8 +151,8 @@ mod tests {
         for len in [0, 1, 4095, 4097, HUGE - 1, HUGE, 3 * HUGE + 12345] {
             let mut b = AlignedBuf::zeroed(len);
             assert_eq!(b.len(), len);
-            assert_eq!(b.as_ptr() as usize % ALIGN, 0, "len {len}");
-            assert!(b.capacity() >= len && b.capacity() % ALIGN == 0);
+            assert!((b.as_ptr() as usize).is_multiple_of(ALIGN), "len {len}");
+            assert!(b.capacity() >= len && b.capacity().is_multiple_of(ALIGN));
             assert!(b.iter().all(|&v| v == 0), "len {len}");
             for (i, v) in b.iter_mut().enumerate() {
                 *v = i as u8;
