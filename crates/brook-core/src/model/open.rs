@@ -233,7 +233,8 @@ impl Model {
                 }
                 layers.push(handles);
             }
-            Box::new(ResidentCache { cache, layers })
+            let held = crate::model::moe::ResidentExperts { layers };
+            Box::new(ResidentCache { cache, held })
         } else {
             tracing::info!(
                 "streaming experts through {slots} slots of {} ({} of {total})",
@@ -267,24 +268,15 @@ impl Model {
 #[derive(Debug)]
 struct ResidentCache {
     cache: ExpertCache,
-    layers: Vec<Vec<ExpertHandle>>,
+    held: crate::model::moe::ResidentExperts,
 }
 
 impl crate::model::moe::ExpertSource for ResidentCache {
     fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
-        let mut out = Vec::with_capacity(ids.len());
-        self.fetch_into(layer, ids, &mut out)?;
-        Ok(out)
+        self.held.fetch(layer, ids)
     }
     fn fetch_into(&self, layer: usize, ids: &[usize], out: &mut Vec<ExpertHandle>) -> Result<()> {
-        for &e in ids {
-            let h = self.layers.get(layer).and_then(|l| l.get(e));
-            out.push(
-                h.cloned()
-                    .ok_or_else(|| Error::Invalid(format!("no expert {e} in layer {layer}")))?,
-            );
-        }
-        Ok(())
+        self.held.fetch_into(layer, ids, out)
     }
     fn stats(&self) -> Option<crate::experts::CacheStats> {
         crate::model::moe::ExpertSource::stats(&self.cache)
