@@ -88,6 +88,12 @@ fn matvec(c: &mut Criterion) {
             random_linear(&mut rng, 512, 2048, q(4, 64)),
             vec![1],
         ),
+        // An expert's down projection: as many bytes, rows a quarter as long.
+        (
+            "q4g64_l2_2048x512",
+            random_linear(&mut rng, 2048, 512, q(4, 64)),
+            vec![1],
+        ),
         (
             "q8g64_8192x2048",
             random_linear(&mut rng, 8192, 2048, q(8, 64)),
