@@ -110,6 +110,8 @@ fn router_top_k_chooses_what_the_reference_chooses() {
         let (mut sel, mut wts) = (vec![0; k], vec![0.0; k]);
         route_top_k(&mut p, norm, &mut sel, &mut wts);
         assert_eq!(sel, (0..k).collect::<Vec<_>>());
+        // Choosing none is no error.
+        route_top_k(&mut p, norm, &mut [], &mut []);
         // Many partial ties: the k largest by value, lower index first among equals.
         for _ in 0..50 {
             let logits: Vec<f32> = rng

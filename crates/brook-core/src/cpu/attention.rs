@@ -77,14 +77,11 @@ fn weigh_heads<const G: usize, const W: usize>(
 ) {
     let (dw, d16) = (hd / W * W, hd / 16 * 16);
     for p0 in (0..visible).step_by(BLOCK) {
-        let (ps, next) = (
-            p0..(p0 + BLOCK).min(visible),
-            p0 + BLOCK..(p0 + 2 * BLOCK).min(visible),
-        );
+        let ps = p0..(p0 + BLOCK).min(visible);
         // The next block's rows, spread over this block's passes.
+        let mut ahead = p0 + BLOCK..(p0 + 2 * BLOCK).min(visible);
         let passes = (dw / W + (d16 - dw) / 16).max(1);
-        let per = next.len().div_ceil(passes);
-        let mut ahead = next.clone();
+        let per = ahead.len().div_ceil(passes);
         let fetch = |ahead: &mut std::ops::Range<usize>| {
             for p in ahead.by_ref().take(per) {
                 prefetch(&values[p * stride..][..hd]);

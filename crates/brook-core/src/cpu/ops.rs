@@ -210,6 +210,9 @@ pub fn softmax(x: &mut [f32]) {
 pub fn route_top_k(p: &mut [f32], norm: bool, experts: &mut [usize], weights: &mut [f32]) {
     softmax(p);
     let k = experts.len().min(p.len());
+    if k == 0 {
+        return;
+    }
     let mut kept = 0;
     for (e, &v) in p.iter().enumerate() {
         if kept == k && v.total_cmp(&weights[k - 1]).is_le() {

@@ -99,7 +99,8 @@ impl PartialEq for SeqState {
 /// state, the first decoded token spent tens of ms in those faults).
 fn written_zeros(n: usize) -> Vec<f32> {
     let mut v = vec![0.0f32; n];
-    for x in v.iter_mut().step_by(1024) {
+    let per_page = crate::aligned::ALIGN / std::mem::size_of::<f32>();
+    for x in v.iter_mut().step_by(per_page) {
         // SAFETY: `x` is a valid, aligned element of `v`; a volatile write is not elided.
         unsafe { std::ptr::write_volatile(x, 0.0) };
     }
