@@ -9,6 +9,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// Allocations from 2 MiB on (weights, states, caches) go on transparent huge pages.
+#[global_allocator]
+static ALLOC: brook_core::aligned::HugePageAlloc = brook_core::aligned::HugePageAlloc;
+
 /// Run huge Mixture-of-Experts models (Qwen3-Next, Qwen3.5/3.6 MoE) with a few GB of RAM.
 #[derive(Debug, Parser)]
 #[command(name = "brook", version, about, long_about = None)]

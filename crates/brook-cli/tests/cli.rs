@@ -325,12 +325,12 @@ fn bench_json_reports_one_row_per_budget() {
         );
         assert!(f("limit_tok_s") > 0.0, "{row}");
         assert_eq!(row["depth"].as_u64(), Some(8), "{row}");
+        // The limit's bandwidth is the median of every read: no single read beats the best.
         let (before, after) = (f("mem_bw_before_gb_s"), f("mem_bw_after_gb_s"));
         assert!(before > 0.0 && after > 0.0, "{row}");
-        assert!(
-            (f("mem_bw_gb_s") - (before + after) / 2.0).abs() < 1e-9,
-            "{row}"
-        );
+        assert!(f("mem_bw_during_gb_s") >= 0.0, "{row}");
+        let (mem, best) = (f("mem_bw_gb_s"), f("mem_bw_best_gb_s"));
+        assert!(mem > 0.0 && best >= mem && best >= before.max(after), "{row}");
     }
     // The small budget streams; the large one holds every expert and reads nothing.
     assert!(rows[0]["bytes_read_per_token"].as_f64().expect("read") > 0.0);

@@ -15,7 +15,7 @@ use brook_core::cpu::{
     qmatmul_pool_at, qmatvec_pool_at,
 };
 use brook_core::dtype::DType;
-use brook_core::linear::Linear;
+use brook_core::linear::{Linear, Weights};
 use brook_core::model::moe::ExpertData;
 use brook_core::model::weights::Expert;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
@@ -41,24 +41,42 @@ fn config() -> Criterion {
         .measurement_time(Duration::from_secs(2))
 }
 
+/// `v`'s bytes again in a buffer on 2 MiB pages (`aligned::zeroed_vec`), as brook loads
+/// dense weights.
+fn on_huge_pages(v: &[u8]) -> Vec<u8> {
+    let mut h = brook_core::aligned::zeroed_vec(v.len());
+    h.copy_from_slice(v);
+    h
+}
+
 fn memory_baseline(c: &mut Criterion) {
-    let buf = vec![1.0f32; 128 << 20];
+    let n = 128 << 20;
+    let small = vec![1.0f32; n];
+    // The same on 2 MiB pages: advised while still untouched, then written.
+    let mut huge = vec![0.0f32; n];
+    // SAFETY: the bytes of `huge`'s own allocation, viewed as bytes for the advice only.
+    brook_core::aligned::advise_huge_pages(unsafe {
+        std::slice::from_raw_parts_mut(huge.as_mut_ptr() as *mut u8, n * 4)
+    });
+    huge.fill(1.0);
     let mut g = c.benchmark_group("memory_read");
-    g.throughput(Throughput::Bytes((buf.len() * 4) as u64));
-    for threads in [1, 2] {
-        let pool = CpuPool::new(threads);
-        let mut parts = [0.0f32; 2];
-        g.bench_function(format!("sum_f32_512MiB/{threads}t"), |b| {
-            b.iter(|| {
-                let out = SharedMut::new(&mut parts);
-                pool.run(&|t| {
-                    let r = split(buf.len(), t, threads, 1 << 16);
-                    // SAFETY: each thread writes only its own element.
-                    unsafe { out.write(t, sum(&buf[r])) };
-                });
-                black_box(parts)
-            })
-        });
+    g.throughput(Throughput::Bytes((n * 4) as u64));
+    for (buf, pages) in [(&small, ""), (&huge, "_huge_pages")] {
+        for threads in [1, 2] {
+            let pool = CpuPool::new(threads);
+            let mut parts = [0.0f32; 2];
+            g.bench_function(format!("sum_f32_512MiB{pages}/{threads}t"), |b| {
+                b.iter(|| {
+                    let out = SharedMut::new(&mut parts);
+                    pool.run(&|t| {
+                        let r = split(buf.len(), t, threads, 1 << 16);
+                        // SAFETY: each thread writes only its own element.
+                        unsafe { out.write(t, sum(&buf[r])) };
+                    });
+                    black_box(parts)
+                })
+            });
+        }
     }
     g.finish();
 }
@@ -130,7 +148,28 @@ fn matvec(c: &mut Criterion) {
                 (format!("{n}_tiles"), w, t.clone())
             })
             .collect();
+        // The head in tiles again on 2 MiB pages, as brook holds it.
+        let huge: Vec<_> = tiled
+            .iter()
+            .filter(|(n, _, _)| n.contains("head"))
+            .map(|(n, w, t)| {
+                let mut w = w.clone();
+                if let Weights::Affine {
+                    packed,
+                    scales,
+                    biases,
+                    ..
+                } = &mut w.weights
+                {
+                    for v in [packed, scales, biases] {
+                        *v = on_huge_pages(v);
+                    }
+                }
+                (format!("{n}_huge_pages"), w, t.clone())
+            })
+            .collect();
         cases.extend(tiled);
+        cases.extend(huge);
     }
     let mut g = c.benchmark_group("matvec");
     for (name, w, threads) in &cases {

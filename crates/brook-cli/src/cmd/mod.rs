@@ -242,22 +242,53 @@ impl Runner {
     }
 }
 
-/// Memory read bandwidth in GB/s, measured by summing the model's own largest resident weight
-/// (the output head) with `threads` threads, so the test allocates nothing.
-pub fn memory_bandwidth(model: &brook_core::Model, threads: usize) -> f64 {
+/// Rates of plain reads of memory, in GB/s, and their summary.
+#[derive(Debug, Clone, Default)]
+pub struct MemReads {
+    pub rates: Vec<f64>,
+}
+
+impl MemReads {
+    /// The median read: the rate a sustained reader gets (0 without reads).
+    pub fn median(&self) -> f64 {
+        let mut v = self.rates.clone();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    }
+
+    /// The fastest read (0 without reads).
+    pub fn best(&self) -> f64 {
+        self.rates.iter().copied().fold(0.0, f64::max)
+    }
+
+    pub fn extend(&mut self, other: &MemReads) {
+        self.rates.extend_from_slice(&other.rates);
+    }
+}
+
+/// Memory read bandwidth: sums the model's own largest resident weight (the output head) with
+/// `threads` threads, so the test allocates nothing, back to back at least `min_reads` times
+/// and for at least `min_secs`. One read of the 35B's head takes under 10 ms, and on a shared
+/// host single reads range from a fifth to 1.6x their median (docs/BENCH.md, "session 12"):
+/// callers take the median of many, not the best of a few.
+pub fn memory_reads(
+    model: &brook_core::Model,
+    threads: usize,
+    min_reads: usize,
+    min_secs: f64,
+) -> MemReads {
     use brook_core::linear::Weights;
     let bytes: &[u8] = match &model.dense.lm_head.weights {
         Weights::Float { data, .. } => data,
         Weights::Affine { packed, .. } => packed,
     };
     let threads = threads.max(1);
-    let part = bytes.len().div_ceil(threads);
-    let mut best = 0.0f64;
-    for _ in 0..3 {
+    let part = bytes.len().div_ceil(threads).max(1);
+    let read_once = || {
         let t = std::time::Instant::now();
         let sum: u64 = std::thread::scope(|s| {
             let handles: Vec<_> = bytes
-                .chunks(part.max(1))
+                .chunks(part)
                 .map(|c| {
                     s.spawn(move || {
                         let mut acc = 0u64;
@@ -276,9 +307,16 @@ pub fn memory_bandwidth(model: &brook_core::Model, threads: usize) -> f64 {
                 .fold(0, u64::wrapping_add)
         });
         std::hint::black_box(sum);
-        best = best.max(bytes.len() as f64 / t.elapsed().as_secs_f64() / 1e9);
+        bytes.len() as f64 / t.elapsed().as_secs_f64().max(1e-9) / 1e9
+    };
+    let start = std::time::Instant::now();
+    let mut rates = Vec::new();
+    while rates.len() < min_reads
+        || (start.elapsed().as_secs_f64() < min_secs && rates.len() < 10_000)
+    {
+        rates.push(read_once());
     }
-    best
+    MemReads { rates }
 }
 
 /// Sampling flags shared by `generate` and `chat`.

@@ -101,10 +101,9 @@ struct State {
     shutdown: bool,
 }
 
-/// Slot memory: one mapping for every slot, `pitch` bytes apart, resident only as slots are
-/// first read into. (Advised onto huge pages, the resident 35B's fast decode was no faster:
-/// docs/BENCH.md, session 11.) A slot's bytes are written only by the I/O thread that owns it
-/// while Loading.
+/// Slot memory: one mapping for every slot, `pitch` bytes apart, on huge pages
+/// ([`AlignedBuf`]), resident only as slots are first read into. A slot's bytes are written
+/// only by the I/O thread that owns it while Loading.
 struct SlotBufs {
     /// Owns the mapping; never borrowed after `base` was taken from it.
     _arena: AlignedBuf,

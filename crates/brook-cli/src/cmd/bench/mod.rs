@@ -18,6 +18,11 @@ use serde::{Deserialize, Serialize};
 mod tables;
 use tables::print_tables;
 
+/// Decoded tokens between two short reads of memory (three reads of the head, ~30 ms) on
+/// the CPU backend, so the limit's bandwidth is sampled through the decode test, not only
+/// around it.
+const MEM_READ_EVERY: usize = 16;
+
 /// Measure prefill and decode speed, memory and I/O.
 #[derive(Debug, clap::Args)]
 #[command(
@@ -84,14 +89,20 @@ pub struct Row {
     pub disk_bw_before_gb_s: f64,
     #[serde(default)]
     pub disk_bw_after_gb_s: f64,
-    /// Memory read bandwidth over the resident weights: the mean of the measurements right
-    /// before and right after the decode test (after the prefill alone when there is none).
+    /// Memory read bandwidth over the resident weights: the median of plain reads of the
+    /// head, a second of them right before and right after the decode test and three after
+    /// every 16 decoded tokens (CPU backend; after the prefill alone when there is no decode).
     pub mem_bw_gb_s: f64,
-    /// Those two measurements.
+    /// The medians of the reads before, after and during the decode test.
     #[serde(default)]
     pub mem_bw_before_gb_s: f64,
     #[serde(default)]
     pub mem_bw_after_gb_s: f64,
+    #[serde(default)]
+    pub mem_bw_during_gb_s: f64,
+    /// The fastest single read (not used for the limit).
+    #[serde(default)]
+    pub mem_bw_best_gb_s: f64,
     /// Weight bytes one decoded token touches.
     pub bytes_touched_per_token: f64,
     /// Decode limit: 1 / max(bytes touched / memory bandwidth, bytes read / disk bandwidth),
@@ -277,8 +288,11 @@ fn run_one(a: &Args) -> Result<Row> {
         })
     };
     // The memory's read bandwidth, like the disk's, right before and right after the decode
-    // test: this host's moves between 21 and 40 GB/s from one minute to the next.
-    let measure_mem = || super::memory_bandwidth(&model, threads);
+    // test, and on the CPU backend between its bursts of tokens too: this host's moves
+    // between 21 and 46 GB/s from one minute to the next.
+    let measure_mem = || super::memory_reads(&model, threads, 5, 1.0);
+    let cpu_backend = a.model.backend == "cpu";
+    let mut mem_during = super::MemReads::default();
 
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut token = || {
@@ -327,13 +341,23 @@ fn run_one(a: &Args) -> Result<Row> {
             }
             let first = token();
             let mut logits = runner.forward(&mut st, &[first], Logits::Last)?;
-            let (t, cpu0) = (Instant::now(), budget::cpu_seconds());
-            for _ in 0..a.n_gen {
-                let next = argmax(&logits);
-                runner.forward_into(&mut st, &[next], Logits::Last, &mut logits)?;
+            // Bursts of tokens, timed alone, with a few reads of memory between them.
+            let (mut secs, mut done) = (0.0, 0);
+            while done < a.n_gen {
+                let burst = (a.n_gen - done).min(MEM_READ_EVERY);
+                let (t, cpu0) = (Instant::now(), budget::cpu_seconds());
+                for _ in 0..burst {
+                    let next = argmax(&logits);
+                    runner.forward_into(&mut st, &[next], Logits::Last, &mut logits)?;
+                }
+                secs += t.elapsed().as_secs_f64();
+                decode_cpu_s += budget::cpu_seconds() - cpu0;
+                done += burst;
+                if cpu_backend && done < a.n_gen {
+                    mem_during.extend(&super::memory_reads(&model, threads, 3, 0.0));
+                }
             }
-            tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
-            decode_cpu_s += budget::cpu_seconds() - cpu0;
+            tg.push(a.n_gen as f64 / secs);
             steps += a.n_gen as u64 + 1;
         }
     }
@@ -351,9 +375,16 @@ fn run_one(a: &Args) -> Result<Row> {
     let mem_after = if a.n_gen > 0 {
         measure_mem()
     } else {
-        mem_before
+        mem_before.clone()
     };
-    let mem_bw = (mem_before + mem_after) / 2.0;
+    let mem_bw = {
+        let mut all = mem_before.clone();
+        if a.n_gen > 0 {
+            all.extend(&mem_during);
+            all.extend(&mem_after);
+        }
+        all.median()
+    };
     let (_, peak) = budget::rss();
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
@@ -454,8 +485,13 @@ fn run_one(a: &Args) -> Result<Row> {
         disk_bw_before_gb_s: disk_before / 1e9,
         disk_bw_after_gb_s: disk_after / 1e9,
         mem_bw_gb_s: mem_bw,
-        mem_bw_before_gb_s: mem_before,
-        mem_bw_after_gb_s: mem_after,
+        mem_bw_before_gb_s: mem_before.median(),
+        mem_bw_after_gb_s: mem_after.median(),
+        mem_bw_during_gb_s: mem_during.median(),
+        mem_bw_best_gb_s: mem_before
+            .best()
+            .max(mem_after.best())
+            .max(mem_during.best()),
         bytes_touched_per_token: touched,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
         compute_s_per_token,
