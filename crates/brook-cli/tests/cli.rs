@@ -330,7 +330,10 @@ fn bench_json_reports_one_row_per_budget() {
         assert!(before > 0.0 && after > 0.0, "{row}");
         assert!(f("mem_bw_during_gb_s") >= 0.0, "{row}");
         let (mem, best) = (f("mem_bw_gb_s"), f("mem_bw_best_gb_s"));
-        assert!(mem > 0.0 && best >= mem && best >= before.max(after), "{row}");
+        assert!(
+            mem > 0.0 && best >= mem && best >= before.max(after),
+            "{row}"
+        );
     }
     // The small budget streams; the large one holds every expert and reads nothing.
     assert!(rows[0]["bytes_read_per_token"].as_f64().expect("read") > 0.0);

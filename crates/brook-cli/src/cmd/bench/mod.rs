@@ -23,6 +23,9 @@ use tables::print_tables;
 /// around it.
 const MEM_READ_EVERY: usize = 16;
 
+/// Reads between bursts that make their median the limit's bandwidth (three bursts' worth).
+const MIN_READS_DURING: usize = 9;
+
 /// Measure prefill and decode speed, memory and I/O.
 #[derive(Debug, clap::Args)]
 #[command(
@@ -90,8 +93,9 @@ pub struct Row {
     #[serde(default)]
     pub disk_bw_after_gb_s: f64,
     /// Memory read bandwidth over the resident weights: the median of plain reads of the
-    /// head, a second of them right before and right after the decode test and three after
-    /// every 16 decoded tokens (CPU backend; after the prefill alone when there is no decode).
+    /// head taken three at a time after every 16 decoded tokens (CPU backend), or where
+    /// fewer than 9 were taken, of those and a second of reads right before and right after
+    /// the decode test (after the prefill alone when there is no decode).
     pub mem_bw_gb_s: f64,
     /// The medians of the reads before, after and during the decode test.
     #[serde(default)]
@@ -377,7 +381,11 @@ fn run_one(a: &Args) -> Result<Row> {
     } else {
         mem_before.clone()
     };
-    let mem_bw = {
+    // The reads between the decode's bursts saw what the decode saw: their median sets the
+    // limit once there are enough of them; else every read's, before and after.
+    let mem_bw = if mem_during.rates.len() >= MIN_READS_DURING {
+        mem_during.median()
+    } else {
         let mut all = mem_before.clone();
         if a.n_gen > 0 {
             all.extend(&mem_during);
