@@ -145,6 +145,23 @@ fn a_budget_that_holds_everything_streams_nothing_after_open() {
     assert_eq!(before.reads, 32, "all experts loaded at open");
     run(&m, &Reference::open("next-q4").ids("tokens"));
     assert_eq!(m.experts.stats().expect("stats").reads, 32);
+    // Nor is an untied embedding table read a row at a time: it is resident too, and its
+    // rows are the checkpoint's.
+    use brook_core::model::embedding::Embedding;
+    let c = dir.path().join("q35");
+    container("qwen35-q4", &c);
+    let m = Model::open_with(&c, &opts).expect("open");
+    let Embedding::Resident(table) = &m.dense.embed_tokens else {
+        panic!("the table should be resident when the budget holds everything")
+    };
+    let want = Model::open(&fixture("qwen35-q4")).expect("resident");
+    let Embedding::Resident(want) = &want.dense.embed_tokens else {
+        panic!("a checkpoint's table is resident")
+    };
+    assert_eq!(
+        format!("{:?}", table.weights),
+        format!("{:?}", want.weights)
+    );
 }
 
 #[test]

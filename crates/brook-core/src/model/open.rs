@@ -178,33 +178,37 @@ impl Model {
         let total = cfg.num_hidden_layers * cfg.num_experts;
         let stride = ex.layers.iter().map(|l| l.stride).max().unwrap_or(0);
         let budget = opts.memory_budget.or_else(budget::automatic_budget);
+        let on_disk = Loader::new(&c, &cfg).embedding_on_disk_bytes()?;
+        let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);
+        // What `budget` buys with the dense core (2% slack) and, or not, the embedding table.
+        let plan = |b: u64, with_table: bool| {
+            let resident = c.manifest.dense.size.saturating_sub(on_disk)
+                + if with_table { on_disk } else { 0 };
+            let dense = resident + resident / 50;
+            let k = cfg.num_experts_per_tok;
+            Plan::new(b, baseline, dense, state, stride, k, total)
+        };
         let slots = match (opts.expert_cache, budget) {
             (Some(n), _) => n.clamp(cfg.num_experts_per_tok.min(total), total),
-            (None, Some(b)) => {
-                let on_disk = Loader::new(&c, &cfg).embedding_on_disk_bytes()?;
-                let resident = c.manifest.dense.size.saturating_sub(on_disk);
-                let dense = resident + resident / 50;
-                let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);
-                Plan::new(
-                    b,
-                    baseline,
-                    dense,
-                    state,
-                    stride,
-                    cfg.num_experts_per_tok,
-                    total,
-                )?
-                .slots
-            }
+            (None, Some(b)) => plan(b, false)?.slots,
             (None, None) => total,
         };
+        // Where the budget holds the whole model, the embedding table is resident too, so
+        // nothing streams: a row read from the file costs a random read per token, which a
+        // busy disk made 19 ms (docs/BENCH.md, "session 12"). Otherwise its bytes buy slots.
+        let table_resident = slots >= total
+            && match (opts.expert_cache, budget) {
+                (None, Some(b)) => plan(b, true).is_ok_and(|p| p.slots >= total),
+                _ => true,
+            };
         if slots < cfg.num_experts_per_tok {
             tracing::warn!(
                 "{slots} expert slots is fewer than top-k {}: every layer will read in several batches",
                 cfg.num_experts_per_tok
             );
         }
-        let mut dense = Loader::new(&c, &cfg).dense_with(Some(&c.dense_path()))?;
+        let rows_in = (!table_resident).then(|| c.dense_path());
+        let mut dense = Loader::new(&c, &cfg).dense_with(rows_in.as_deref())?;
         if opts.cpu_tiles() {
             let n = dense.tile();
             tracing::debug!("{n} dense matrices in 16-row tiles for the VNNI kernels");
