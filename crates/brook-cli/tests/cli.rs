@@ -325,7 +325,7 @@ fn bench_json_reports_one_row_per_budget() {
         );
         assert!(f("limit_tok_s") > 0.0, "{row}");
         assert_eq!(row["depth"].as_u64(), Some(8), "{row}");
-        // The limit's bandwidth is the median of every read: no single read beats the best.
+        // The limit's bandwidth is a median of reads: no single read beats the best one.
         let (before, after) = (f("mem_bw_before_gb_s"), f("mem_bw_after_gb_s"));
         assert!(before > 0.0 && after > 0.0, "{row}");
         assert!(f("mem_bw_during_gb_s") >= 0.0, "{row}");
