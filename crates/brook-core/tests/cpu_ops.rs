@@ -9,7 +9,9 @@ mod common;
 use brook_core::Model;
 use brook_core::cpu::attention::attend;
 use brook_core::cpu::delta::{self, HeadRows};
-use brook_core::cpu::ops::{rms_norm, rope, rope_angles, rope_inv_freq, route_top_k};
+use brook_core::cpu::ops::{
+    exp_act, rms_norm, rope, rope_angles, rope_inv_freq, route_top_k, sigmoid_gate, swiglu_act,
+};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{SimdLevel, SwigluScratch, expert_swiglu};
 use brook_core::dtype::DType;
@@ -75,6 +77,64 @@ fn expert_swiglu_matches_reference() {
             let mut got = vec![0.0; 256];
             expert_swiglu(level, e.view(), &x, &mut got, &mut s).expect("swiglu");
             assert!(rel_l2(&got, &want) < TOL, "{level:?} {fmt:?}");
+        }
+    }
+}
+
+/// Distance in units in the last place between two finite floats of the same sign.
+fn ulps(a: f32, b: f32) -> u32 {
+    (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+}
+
+#[test]
+fn activations_exp_is_within_two_ulp_of_libm() {
+    // Every 997th float bit pattern of [-87, 88], both signs, and the ends.
+    let mut worst = 0;
+    for bits in (0..0x42b0_0000u32).step_by(997).chain([0x42b0_0000]) {
+        for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+            if !(-87.0..=88.0).contains(&x) {
+                continue;
+            }
+            let (got, want) = (exp_act(x), x.exp());
+            let d = ulps(got, want);
+            assert!(d <= 2, "exp({x:e}) = {got:e}, libm {want:e}: {d} ulp");
+            worst = worst.max(d);
+        }
+    }
+    assert!(
+        worst >= 1,
+        "a sweep that never differs from libm tests nothing"
+    );
+    // Outside the range: saturated, finite, of the right size; NaN stays NaN.
+    assert!(exp_act(-1000.0) > 0.0 && exp_act(-1000.0) < 2e-38);
+    assert!(exp_act(1000.0).is_finite() && exp_act(1000.0) > 1e38);
+    assert!(exp_act(f32::NAN).is_nan());
+}
+
+#[test]
+fn swiglu_and_sigmoid_gates_match_reference() {
+    let mut rng = Rng::new(5);
+    for n in [1, 15, 16, 17, 512, 1027] {
+        let (g, u) = (rng.vec(n, 12.0), rng.vec(n, 2.0));
+        let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| ops::silu(a) * b).collect();
+        let gate: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(&a, &b)| b * ops::sigmoid(a))
+            .collect();
+        for level in SimdLevel::supported() {
+            let mut got = g.clone();
+            swiglu_act(level, &mut got, &u);
+            let mut x = u.clone();
+            sigmoid_gate(level, &mut x, &g);
+            for (what, got, want) in [("swiglu", &got, &want), ("sigmoid gate", &x, &gate)] {
+                for (i, (a, b)) in got.iter().zip(want.iter()).enumerate() {
+                    assert!(
+                        (a - b).abs() <= 4.0 * f32::EPSILON * b.abs() + 1e-30,
+                        "{what} {level:?} n={n} [{i}]: {a:e} vs reference {b:e}"
+                    );
+                }
+            }
         }
     }
 }

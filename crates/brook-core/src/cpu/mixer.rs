@@ -362,7 +362,7 @@ pub fn attention(
                     o,
                 );
                 if gated {
-                    sigmoid_gate(o, &gate[rows]);
+                    sigmoid_gate(level, o, &gate[rows]);
                 }
             }
         });

@@ -1,10 +1,10 @@
 //! The sparse MoE block on the CPU kernels: router, top-k, routed and shared SwiGLU experts.
 //!
 //! Owns the block's scratch ([`MoeScratch`], sized once) and its schedule. For one token: the
-//! router (with streamed experts alone first, so the reads start), the shared expert's gate
-//! and up, then one pool job ([`Schedule`]) in which each routed expert's gate/up runs as soon
-//! as it lands and each expert's down projection as soon as its activations are ready, into
-//! its own output row; the weighted sum is taken in slot order after. For a chunk
+//! router alone (so streamed reads start), then one pool job ([`Schedule`]) in which the
+//! shared expert's gate/up and each routed expert's run as soon as they are in memory and each
+//! expert's down projection as soon as its activations are ready, into its own output row;
+//! the weighted sum is taken in slot order after. For a chunk
 //! (`moe/chunk.rs`), each needed expert runs once on the tokens routed to it, whole on one
 //! thread (threads claim experts), into its tokens' bucket positions; each token's sum is
 //! taken after, in ascending expert order. Experts are fetched once per call
@@ -58,7 +58,7 @@ pub fn expert_swiglu(
         ));
     }
     matvec_rows(level, &e.up_proj, &scratch.xp, &mut scratch.u, 0..width);
-    swiglu_act(&mut scratch.g, &scratch.u);
+    swiglu_act(level, &mut scratch.g, &scratch.u);
     qmatvec(level, &e.down_proj, &scratch.g, y, &mut scratch.hp)
 }
 
@@ -186,83 +186,53 @@ fn decode(
     );
     let i_w = cfg.moe_intermediate_size;
     let sh = w.shared_expert.view();
-    // Streamed experts: route first so the reads start, then compute the shared expert's
-    // gate and up while they are in flight, and each routed expert as soon as it lands.
-    // Resident experts: one job for the router and the shared expert.
-    let streaming = experts.capacity() < cfg.num_hidden_layers * e_n;
-    {
-        let (hg_s, hu_s) = (&mut s.hg[k * width..], &mut s.hu[k * width..]);
-        let (router, sgate) = (&mut s.router[..e_n], &mut s.sgate[..1]);
-        if streaming {
-            ex.linears(
-                x,
-                1,
-                &mut s.xs,
-                &mut [
-                    (w.gate.view(), router),
-                    (w.shared_expert_gate.view(), sgate),
-                ],
-            )?;
-        } else {
-            ex.linears(
-                x,
-                1,
-                &mut s.xs,
-                // The 8-bit routers last: the pool's last claims are the short ones, so their
-                // slower rows are shared out rather than left to the first claim.
-                &mut [
-                    (sh.gate_proj, &mut hg_s[..is]),
-                    (sh.up_proj, &mut hu_s[..is]),
-                    (w.gate.view(), router),
-                    (w.shared_expert_gate.view(), sgate),
-                ],
-            )?;
-        }
-        route_top_k(
-            &mut s.router[..e_n],
-            cfg.norm_topk_prob,
-            &mut s.sel[..k],
-            &mut s.wts[..k],
-        );
-        s.handles.clear();
-        experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
-        if streaming {
-            ex.linears(
-                x,
-                1,
-                &mut s.xs,
-                &mut [
-                    (sh.gate_proj, &mut hg_s[..is]),
-                    (sh.up_proj, &mut hu_s[..is]),
-                ],
-            )?;
-        } else {
-            for hd in &s.handles {
-                hd.wait()?;
-            }
-        }
-    }
+    // Route first, so a streamed layer's reads start before anything else computes; the
+    // shared expert's gate and up are units of the expert job below, which runs them while
+    // the reads are in flight (and, resident, beside the routed experts).
+    ex.linears(
+        x,
+        1,
+        &mut s.xs,
+        &mut [
+            (w.gate.view(), &mut s.router[..e_n]),
+            (w.shared_expert_gate.view(), &mut s.sgate[..1]),
+        ],
+    )?;
+    route_top_k(
+        &mut s.router[..e_n],
+        cfg.norm_topk_prob,
+        &mut s.sel[..k],
+        &mut s.wts[..k],
+    );
+    s.handles.clear();
+    experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
     if s.handles.len() != k {
         return Err(Error::Invalid(format!(
             "expert source returned {} of {k} experts",
             s.handles.len()
         )));
     }
-    // The shared expert's gate and up are done: its activations and down are ready to go.
-    let (level, h) = (ex.level, cfg.hidden_size);
-    {
-        let (g, u) = (&mut s.hg[k * width..][..is], &s.hu[k * width..][..is]);
-        swiglu_act(g, u);
-        s.preps[k].prepare_with(level, ex.precision, g);
+    check(&sh.gate_proj)?;
+    check(&sh.up_proj)?;
+    if sh.gate_proj.out_features != is || sh.down_proj.in_features != is {
+        return Err(Error::Invalid(format!(
+            "the shared expert of layer {layer} is not {is} wide"
+        )));
     }
+    let (level, h) = (ex.level, cfg.hidden_size);
     let threads = ex.pool.threads();
     let (gu_rows, down_rows) = (
         unit_rows(i_w, threads, 32, 256),
         unit_rows(h, threads, 64, 1024),
     );
-    let per = i_w.div_ceil(gu_rows);
+    let (per, per_shared) = (i_w.div_ceil(gu_rows), is.div_ceil(gu_rows));
     let per_down = h.div_ceil(down_rows);
-    let sched = std::sync::Mutex::new(Schedule::new(&mut s.sched[..3 * (k + 1)], k, per));
+    let sched = std::sync::Mutex::new(Schedule::new(
+        &mut s.sched[..3 * (k + 1)],
+        k,
+        per,
+        per_shared,
+    ));
     {
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
         let (preps, ys) = (SharedMut::new(&mut s.preps), SharedMut::new(&mut s.ye));
@@ -270,7 +240,8 @@ fn decode(
         let lock = || sched.lock().unwrap_or_else(|p| p.into_inner());
         ex.pool.run(&|_| {
             loop {
-                let unit = lock().claim(|slot| handles[slot].landed(), per_down);
+                // The shared expert (slot k) is always in memory.
+                let unit = lock().claim(|slot| slot == k || handles[slot].landed(), per_down);
                 match unit {
                     Unit::Done => return,
                     // Another thread holds the last open work; sleep on a read it waits for
@@ -280,14 +251,18 @@ fn decode(
                         None => std::thread::yield_now(),
                     },
                     Unit::GateUp(slot, block) => {
-                        let at = slot * width;
-                        let rows = block * gu_rows..((block + 1) * gu_rows).min(i_w);
-                        let v = match gate_up_ready(&*handles[slot], layer, i_w) {
-                            Ok(v) => v,
-                            Err(e) => {
-                                lock().fail(e);
-                                return;
+                        let (at, wide) = (slot * width, if slot < k { i_w } else { is });
+                        let rows = block * gu_rows..((block + 1) * gu_rows).min(wide);
+                        let v = if slot < k {
+                            match gate_up_ready(&*handles[slot], layer, i_w) {
+                                Ok(v) => v,
+                                Err(e) => {
+                                    lock().fail(e);
+                                    return;
+                                }
                             }
+                        } else {
+                            sh
                         };
                         // SAFETY: each (slot, block) is claimed once, so these rows are ours.
                         let (g, u) = unsafe {
@@ -303,12 +278,12 @@ fn decode(
                             // blocks are not claimable until `prepared`, so we hold it alone.
                             let (g, u, xp) = unsafe {
                                 (
-                                    hg.slice(at..at + i_w),
-                                    hu.slice(at..at + i_w),
+                                    hg.slice(at..at + wide),
+                                    hu.slice(at..at + wide),
                                     &mut preps.slice(slot..slot + 1)[0],
                                 )
                             };
-                            swiglu_act(g, u);
+                            swiglu_act(level, g, u);
                             xp.prepare_with(level, prec, g);
                             lock().prepared(slot);
                         }
@@ -386,11 +361,11 @@ enum Unit {
     Done,
 }
 
-/// Which units of the one-token MoE are claimed and done. Each routed expert's gate/up
-/// blocks come first, preferring experts already in memory; when a slot's last block is done
-/// its activations are prepared and its down blocks open up, so the down projections of the
-/// experts that landed run while the rest are still being read (the shared expert's from the
-/// start). Counters live in the MoE scratch (no allocation per token).
+/// Which units of the one-token MoE are claimed and done. Gate/up blocks come first,
+/// preferring experts already in memory (the routed ones by rank, then the shared expert);
+/// when a slot's last block is done its activations are prepared and its down blocks open up,
+/// so the down projections of the experts that landed run while the rest are still being
+/// read. Counters live in the MoE scratch (no allocation per token).
 struct Schedule<'a> {
     /// [k+1] next gate/up block to claim, gate/up blocks done, next down block to claim
     /// (`usize::MAX` until the slot's activations are prepared).
@@ -398,31 +373,39 @@ struct Schedule<'a> {
     done_gu: &'a mut [usize],
     next_down: &'a mut [usize],
     k: usize,
+    /// Gate/up blocks of a routed expert, and of the shared expert (slot k).
     per: usize,
+    per_shared: usize,
     /// Gate/up blocks and preparations claimed and not yet finished: work that opens more.
     opening: usize,
     failed: Option<Error>,
 }
 
 impl<'a> Schedule<'a> {
-    fn new(counters: &'a mut [usize], k: usize, per: usize) -> Self {
+    fn new(counters: &'a mut [usize], k: usize, per: usize, per_shared: usize) -> Self {
         let (next_gu, rest) = counters.split_at_mut(k + 1);
         let (done_gu, next_down) = rest.split_at_mut(k + 1);
         next_gu.fill(0);
         done_gu.fill(0);
         next_down.fill(usize::MAX);
-        // The shared expert (slot k) has no gate/up units here: prepared before the run.
-        next_gu[k] = per;
-        done_gu[k] = per;
-        next_down[k] = 0;
         Schedule {
             next_gu,
             done_gu,
             next_down,
             k,
             per,
+            per_shared,
             opening: 0,
             failed: None,
+        }
+    }
+
+    /// Gate/up blocks of `slot`.
+    fn blocks(&self, slot: usize) -> usize {
+        if slot < self.k {
+            self.per
+        } else {
+            self.per_shared
         }
     }
 
@@ -432,9 +415,9 @@ impl<'a> Schedule<'a> {
         if self.failed.is_some() {
             return Unit::Done;
         }
-        let (k, per) = (self.k, self.per);
-        let open = |s: &Self, slot: usize| s.next_gu[slot] < per;
-        let pick = (0..k)
+        let k = self.k;
+        let open = |s: &Self, slot: usize| s.next_gu[slot] < s.blocks(slot);
+        let pick = (0..=k)
             .find(|&slot| open(self, slot) && landed(slot))
             .map(|slot| (slot, true))
             .or_else(|| {
@@ -466,7 +449,7 @@ impl<'a> Schedule<'a> {
     /// now prepares the slot's activations (still counted as opening work).
     fn gate_up_done(&mut self, slot: usize) -> bool {
         self.done_gu[slot] += 1;
-        let last = self.done_gu[slot] == self.per;
+        let last = self.done_gu[slot] == self.blocks(slot);
         if !last {
             self.opening -= 1;
         }

@@ -71,7 +71,7 @@ pub(super) fn prefill(
         );
     }
     // Shared expert first, into `ye`, scaled by its gate: out = γ_s · f_s(x).
-    swiglu_act(&mut s.hg[..t * is], &s.hu[..t * is]);
+    swiglu_act(ex.level, &mut s.hg[..t * is], &s.hu[..t * is]);
     ex.linears(
         &s.hg[..t * is],
         t,
@@ -222,7 +222,7 @@ fn whole_expert<'y>(
                 (v.up_proj, &mut hu[..n * iw]),
             ],
         )?;
-        swiglu_act(&mut hg[..n * iw], &hu[..n * iw]);
+        swiglu_act(ex.level, &mut hg[..n * iw], &hu[..n * iw]);
         ex.linears_here(&hg[..n * iw], n, xh, &mut [(v.down_proj, ye(p..p + n))])?;
     }
     Ok(())
