@@ -6,7 +6,7 @@
 //! [`crate::model::attention::forward`].
 
 use crate::cpu::SimdLevel;
-use crate::cpu::ops::{plain, simd_fn, softmax};
+use crate::cpu::ops::{plain, simd_fn, softmax_act};
 
 /// Positions weighed per block: a block's values (`BLOCK` rows of hd floats) stay in L1/L2
 /// across the passes over its dimensions, and the next block's rows are prefetched meanwhile.
@@ -137,7 +137,7 @@ simd_fn! {
             }
         }
         for sg in scores.chunks_exact_mut(visible) {
-            softmax(sg);
+            softmax_act(sg);
         }
         let outs = &mut outs[..heads * hd];
         let values = &values[kvh * hd..];

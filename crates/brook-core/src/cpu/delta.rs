@@ -9,7 +9,7 @@
 //! decay–read–update–read sequence in one trip through memory instead of four passes.
 
 use crate::cpu::SimdLevel;
-use crate::cpu::ops::{plain, simd_fn};
+use crate::cpu::ops::{exp_act, plain, simd_fn};
 use crate::model::delta_net::CHUNK;
 
 /// Floats of scratch [`step`] needs for value width `dv`.
@@ -176,11 +176,23 @@ fn weighted_rows(
     while j0 < dv {
         let nc = W.min(dv - j0);
         let mut acc = [0.0f32; W];
-        for j in 0..count {
-            let wj = w(j);
-            let r = &rows[j * dv + j0..][..nc];
-            for (a, &x) in acc[..nc].iter_mut().zip(r) {
-                *a = wj.mul_add(x, *a);
+        if nc == W {
+            // Whole blocks with constant bounds, so `acc` stays in registers (a slice of it
+            // of run-time length went through the stack: load, FMA, store per term).
+            for j in 0..count {
+                let wj = w(j);
+                let r: &[f32; W] = rows[j * dv + j0..][..W].try_into().expect("W values");
+                for l in 0..W {
+                    acc[l] = wj.mul_add(r[l], acc[l]);
+                }
+            }
+        } else {
+            for j in 0..count {
+                let wj = w(j);
+                let r = &rows[j * dv + j0..][..nc];
+                for (a, &x) in acc[..nc].iter_mut().zip(r) {
+                    *a = wj.mul_add(x, *a);
+                }
             }
         }
         for (jd, o) in out[j0..j0 + nc].iter_mut().enumerate() {
@@ -229,10 +241,11 @@ simd_fn! {
             mm(vp, dv, c, |i| k(start + i), s, dv, dk, dv, None);
             mm(oc, dv, c, |i| q(start + i), s, dv, dk, dv, None);
             // e^{γ_i−γ_j} for j ≤ i, once for both passes below (an exp per use was 3-4% of a
-            // prefill).
+            // prefill), on the vectorizable exp (libm's, a call each, was 1.5% still).
             for i in 0..c {
-                for j in 0..=i {
-                    dec[i * c + j] = (gamma[i] - gamma[j]).exp();
+                let gi = gamma[i];
+                for (d, &gj) in dec[i * c..=i * c + i].iter_mut().zip(&gamma[..=i]) {
+                    *d = exp_act(gi - gj);
                 }
             }
             // v'_i = β_i (v_i − e^{γ_i} S₀ᵀk_i − Σ_{j<i} (k_i·k_j) e^{γ_i−γ_j} v'_j), in order.
@@ -271,7 +284,7 @@ simd_fn! {
             // S = e^{γ_last} S + Σ_j e^{γ_last−γ_j} k_j v'_jᵀ, with the weights folded into Kᵀ.
             let last = gamma[c - 1];
             for (w, &gj) in wlast.iter_mut().zip(&gamma[..c]) {
-                *w = (last - gj).exp();
+                *w = exp_act(last - gj);
             }
             for a in 0..dk {
                 for (kv, &w) in kt[a * c..(a + 1) * c].iter_mut().zip(&wlast[..c]) {

@@ -239,6 +239,19 @@ simd_fn! {
     }
 }
 
+/// Softmax in place on [`exp_act`], for attention scores (inlined into the caller's SIMD
+/// level); the sum in order, as [`softmax`]. The router keeps [`softmax`]: libm's exp is
+/// monotonic, which its top-k's ties rely on.
+#[inline(always)]
+pub(crate) fn softmax_act(x: &mut [f32]) {
+    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    for v in x.iter_mut() {
+        *v = exp_act(*v - max);
+    }
+    let sum = x.iter().fold(0.0f32, |s, v| s + v);
+    x.iter_mut().for_each(|v| *v /= sum);
+}
+
 /// Softmax in place (as [`crate::model::ops::softmax`]).
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
