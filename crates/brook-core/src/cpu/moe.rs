@@ -212,13 +212,7 @@ fn decode(
             s.handles.len()
         )));
     }
-    check(&sh.gate_proj)?;
-    check(&sh.up_proj)?;
-    if sh.gate_proj.out_features != is || sh.down_proj.in_features != is {
-        return Err(Error::Invalid(format!(
-            "the shared expert of layer {layer} is not {is} wide"
-        )));
-    }
+    gate_up_ready(&w.shared_expert, layer, is)?;
     let (level, h) = (ex.level, cfg.hidden_size);
     let threads = ex.pool.threads();
     let (gu_rows, down_rows) = (
@@ -335,7 +329,8 @@ fn unit_rows(rows: usize, threads: usize, lo: usize, hi: usize) -> usize {
     rows.div_ceil(threads.max(1)).clamp(lo, hi)
 }
 
-/// Waits for a routed expert and checks it is a `width`-wide expert the kernels can run.
+/// Waits for an expert (routed, or the shared one) and checks it is a `width`-wide expert the
+/// kernels can run.
 fn gate_up_ready<'a>(hd: &'a dyn ExpertData, layer: usize, width: usize) -> Result<ExpertView<'a>> {
     hd.wait()?;
     let v = hd.view();

@@ -239,28 +239,29 @@ simd_fn! {
     }
 }
 
-/// Softmax in place on [`exp_act`], for attention scores (inlined into the caller's SIMD
-/// level); the sum in order, as [`softmax`]. The router keeps [`softmax`]: libm's exp is
-/// monotonic, which its top-k's ties rely on.
+/// Softmax in place with `exp` for eˣ: the maximum subtracted, the sum taken in order after
+/// the exponentials (so they vectorize where `exp` does).
 #[inline(always)]
-pub(crate) fn softmax_act(x: &mut [f32]) {
+fn softmax_by(x: &mut [f32], exp: impl Fn(f32) -> f32) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     for v in x.iter_mut() {
-        *v = exp_act(*v - max);
+        *v = exp(*v - max);
     }
     let sum = x.iter().fold(0.0f32, |s, v| s + v);
     x.iter_mut().for_each(|v| *v /= sum);
 }
 
+/// Softmax in place on [`exp_act`], for attention scores (inlined into the caller's SIMD
+/// level). The router keeps [`softmax`]: libm's exp is monotonic, which its top-k's ties
+/// rely on.
+#[inline(always)]
+pub(crate) fn softmax_act(x: &mut [f32]) {
+    softmax_by(x, exp_act);
+}
+
 /// Softmax in place (as [`crate::model::ops::softmax`]).
 pub fn softmax(x: &mut [f32]) {
-    let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
-    }
-    x.iter_mut().for_each(|v| *v /= sum);
+    softmax_by(x, f32::exp);
 }
 
 /// Router of one token, as `moe::route`: softmax over the logits `p` (in place), the `k`
