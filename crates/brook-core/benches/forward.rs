@@ -23,6 +23,28 @@ use brook_core::synth::SynthStore;
 use brook_core::text::argmax;
 use brook_core::{Logits, Model, Result, Stage};
 
+// As the brook binary: everything from 2 MiB on, on huge pages.
+#[global_allocator]
+static ALLOC: brook_core::aligned::HugePageAlloc = brook_core::aligned::HugePageAlloc;
+
+/// `w`'s bytes moved into blocks of at least 2 MiB, so they sit on huge pages as brook's
+/// expert slots do (an expert's matrices are smaller than a huge page each).
+fn on_huge_pages(w: &mut brook_core::linear::Linear) {
+    if let brook_core::linear::Weights::Affine {
+        packed,
+        scales,
+        biases,
+        ..
+    } = &mut w.weights
+    {
+        for v in [packed, scales, biases] {
+            let mut h = Vec::with_capacity(v.len().max(2 << 20));
+            h.extend_from_slice(v);
+            *v = h;
+        }
+    }
+}
+
 /// k resident experts per layer, handed out by position in the request.
 #[derive(Debug)]
 struct Positional(Vec<Vec<ExpertHandle>>);
@@ -78,6 +100,9 @@ fn main() -> Result<()> {
                             for m in [&mut x.gate_proj, &mut x.up_proj, &mut x.down_proj] {
                                 m.tile();
                             }
+                        }
+                        for m in [&mut x.gate_proj, &mut x.up_proj, &mut x.down_proj] {
+                            on_huge_pages(m);
                         }
                         Arc::new(x) as ExpertHandle
                     })

@@ -8,6 +8,7 @@
 use std::hint::black_box;
 use std::time::Duration;
 
+use brook_core::cpu::attention::attend;
 use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
@@ -222,6 +223,43 @@ fn expert(c: &mut Criterion) {
     g.finish();
 }
 
+/// One decode unit of the 35B's attention: the eight query heads of a kv head (head_dim 256,
+/// two kv heads) over a cache of 64, 512 and 2000 positions (hot in L2/L3), on one thread.
+fn attention(c: &mut Criterion) {
+    let level = SimdLevel::detect();
+    let mut rng = Rng::new(3);
+    let (hd, nkv, heads) = (256, 2, 8);
+    let mut g = c.benchmark_group("attention");
+    for visible in [64, 512, 2000] {
+        let keys = rng.vec(visible * nkv * hd, 1.0);
+        let values = rng.vec(visible * nkv * hd, 1.0);
+        let qs = rng.vec(heads * hd, 1.0);
+        let (mut scores, mut out) = (vec![0.0; heads * visible], vec![0.0; heads * hd]);
+        g.bench_function(
+            format!("{heads}heads_hd{hd}_{visible}pos/{}/1t", level.name()),
+            |b| {
+                b.iter(|| {
+                    attend(
+                        level,
+                        &qs,
+                        hd,
+                        &keys,
+                        &values,
+                        nkv,
+                        1,
+                        visible,
+                        0.0625,
+                        &mut scores,
+                        &mut out,
+                    );
+                    black_box(out[0])
+                })
+            },
+        );
+    }
+    g.finish();
+}
+
 fn matmul(c: &mut Criterion) {
     let level = SimdLevel::detect();
     let mut rng = Rng::new(2);
@@ -268,6 +306,6 @@ fn matmul(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = memory_baseline, matvec, expert, matmul
+    targets = memory_baseline, matvec, expert, attention, matmul
 }
 criterion_main!(benches);

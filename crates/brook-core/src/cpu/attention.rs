@@ -108,45 +108,95 @@ fn weigh_heads<const G: usize, const W: usize>(
     }
 }
 
+/// outs [heads, hd]: for each query head of `qs` [heads, hd] (heads sharing kv head `kvh`),
+/// Σ_p softmax_p(scale · q·k_p) v_p over cached positions p < `visible`, with `keys`/`values`
+/// laid out [pos, nkv, hd]. Each cached key is read once per four heads, each value once per
+/// eight. A head's result does not depend on which heads come with it (a score is one dot
+/// product in one order at a level, whichever block computes it). `scores` needs
+/// heads·`visible` elements.
+#[allow(clippy::too_many_arguments)]
+pub fn attend(
+    level: SimdLevel,
+    qs: &[f32],
+    hd: usize,
+    keys: &[f32],
+    values: &[f32],
+    nkv: usize,
+    kvh: usize,
+    visible: usize,
+    scale: f32,
+    scores: &mut [f32],
+    outs: &mut [f32],
+) {
+    let heads = qs.len() / hd;
+    let stride = nkv * hd;
+    let scores = &mut scores[..heads * visible];
+    let keys = &keys[kvh * hd..];
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 && level.is_supported() && hd.is_multiple_of(16) {
+        // SAFETY: AVX-512 F is present (the level is supported); every key row read,
+        // p·stride..+hd for p < visible, lies inside `keys` (the caller's cache holds
+        // `visible` positions), and qs holds heads·hd.
+        unsafe { super::avx512_attention::scores(qs, hd, keys, stride, visible, scale, scores) };
+    } else {
+        score_rows(level, qs, hd, keys, stride, visible, scale, scores);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    score_rows(level, qs, hd, keys, stride, visible, scale, scores);
+    weigh_all(
+        level,
+        scores,
+        hd,
+        &values[kvh * hd..],
+        stride,
+        visible,
+        outs,
+    );
+}
+
 simd_fn! {
-    /// outs [heads, hd]: for each query head of `qs` [heads, hd] (heads sharing kv head
-    /// `kvh`), Σ_p softmax_p(scale · q·k_p) v_p over cached positions p < `visible`, with
-    /// `keys`/`values` laid out [pos, nkv, hd]. Each cached key is read once for all the heads
-    /// passed, each value once per eight of them. A head's result does not depend on which
-    /// heads come with it. `scores` needs heads·`visible` elements.
-    pub fn attend(
+    /// scores [heads, visible] = scale · q_g·k_p, one [`plain::dot`] each; positions
+    /// outermost, so each key is read once and stays in L1 for every head.
+    fn score_rows(
         qs: &[f32],
         hd: usize,
         keys: &[f32],
-        values: &[f32],
-        nkv: usize,
-        kvh: usize,
+        stride: usize,
         visible: usize,
         scale: f32,
         scores: &mut [f32],
-        outs: &mut [f32],
     ) {
-        let heads = qs.len() / hd;
-        let stride = nkv * hd;
-        let scores = &mut scores[..heads * visible];
-        // Positions outermost: each key is read once and stays in L1 for every head.
         for p in 0..visible {
-            let k = &keys[p * stride + kvh * hd..][..hd];
+            let k = &keys[p * stride..][..hd];
             for (g, qh) in qs.chunks_exact(hd).enumerate() {
                 scores[g * visible + p] = plain::dot(qh, k) * scale;
             }
         }
+    }
+}
+
+simd_fn! {
+    /// Softmax of each head's scores, then outs [heads, hd] = Σ_p w_gp v_p (`values` from
+    /// the kv head's first element, rows `stride` apart).
+    fn weigh_all(
+        scores: &mut [f32],
+        hd: usize,
+        values: &[f32],
+        stride: usize,
+        visible: usize,
+        outs: &mut [f32],
+    ) {
+        let heads = scores.len() / visible;
         for sg in scores.chunks_exact_mut(visible) {
             softmax_act(sg);
         }
         let outs = &mut outs[..heads * hd];
-        let values = &values[kvh * hd..];
         // Heads in eights (each value read once for them), then fours, then singly: eight
         // accumulators of 16 floats stay in registers.
         let (eights, fours) = (heads / 8 * 8, heads / 4 * 4);
         for g0 in (0..eights).step_by(8) {
             let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
-            weigh_heads::<8, 16>(sc, visible, values, stride, o, hd);
+            weigh_heads::<8, 32>(sc, visible, values, stride, o, hd);
         }
         for g0 in (eights..fours).step_by(4) {
             let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
