@@ -371,11 +371,12 @@ fn grouped_attention_equals_attention_per_head() {
     // decode unit) must give each head exactly what one head per call gives it.
     let mut rng = Rng::new(21);
     // 84 dimensions: 32-wide, 16-wide and scalar steps (scores one head at a time); 80: a
-    // multiple of 16, so AVX-512 scores blocks of four heads by four positions. 14 heads: an
+    // multiple of 16, so AVX-512 scores blocks of four heads by four positions; 96: of 32 too,
+    // so AVX-512 also weighs the values of eight heads in its own loop. 14 heads: an
     // eight, a four and two singles (three blocks of four and two alone); up to 37 positions:
     // three blocks of 16 positions, the last partial, and nine of four with one left over.
     let (nkv, group, len) = (3, 14, 37);
-    for (level, hd) in SimdLevel::supported().flat_map(|l| [(l, 84), (l, 80)]) {
+    for (level, hd) in SimdLevel::supported().flat_map(|l| [(l, 84), (l, 80), (l, 96)]) {
         let keys = rng.vec(len * nkv * hd, 1.0);
         let values = rng.vec(len * nkv * hd, 1.0);
         let qs = rng.vec(group * hd, 2.0);

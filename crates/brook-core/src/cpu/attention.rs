@@ -10,7 +10,7 @@ use crate::cpu::ops::{plain, simd_fn, softmax_act};
 
 /// Positions weighed per block: a block's values (`BLOCK` rows of hd floats) stay in L1/L2
 /// across the passes over its dimensions, and the next block's rows are prefetched meanwhile.
-const BLOCK: usize = 16;
+pub(super) const BLOCK: usize = 16;
 
 /// outs [G, hd] (+)= Σ_{p in ps} scores[g, p] · v_p for the `W` dimensions at `d`, starting
 /// from zero when `ps` starts at 0 and from what `outs` holds otherwise. Each output is summed
@@ -143,15 +143,27 @@ pub fn attend(
     }
     #[cfg(not(target_arch = "x86_64"))]
     score_rows(level, qs, hd, keys, stride, visible, scale, scores);
-    weigh_all(
-        level,
-        scores,
-        hd,
-        &values[kvh * hd..],
-        stride,
-        visible,
-        outs,
-    );
+    softmax_rows(level, scores, visible);
+    let values = &values[kvh * hd..];
+    #[allow(unused_mut)]
+    let mut from = 0;
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512 && level.is_supported() && hd.is_multiple_of(32) {
+        from = heads / 8 * 8;
+        // SAFETY: AVX-512 F is present; every value row read, p·stride..+hd for p < visible,
+        // lies inside `values` (as the keys above); scores and outs hold `from` heads.
+        unsafe {
+            super::avx512_attention::weigh8(
+                &scores[..from * visible],
+                visible,
+                values,
+                stride,
+                &mut outs[..from * hd],
+                hd,
+            )
+        };
+    }
+    weigh_from(level, scores, hd, values, stride, visible, outs, from);
 }
 
 simd_fn! {
@@ -176,33 +188,40 @@ simd_fn! {
 }
 
 simd_fn! {
-    /// Softmax of each head's scores, then outs [heads, hd] = Σ_p w_gp v_p (`values` from
-    /// the kv head's first element, rows `stride` apart).
-    fn weigh_all(
-        scores: &mut [f32],
+    /// Softmax of each head's row of `visible` scores, in place.
+    fn softmax_rows(scores: &mut [f32], visible: usize) {
+        for sg in scores.chunks_exact_mut(visible) {
+            softmax_act(sg);
+        }
+    }
+}
+
+simd_fn! {
+    /// outs [heads, hd] = Σ_p w_gp v_p for the heads from `from` on (`values` from the kv
+    /// head's first element, rows `stride` apart).
+    fn weigh_from(
+        scores: &[f32],
         hd: usize,
         values: &[f32],
         stride: usize,
         visible: usize,
         outs: &mut [f32],
+        from: usize,
     ) {
         let heads = scores.len() / visible;
-        for sg in scores.chunks_exact_mut(visible) {
-            softmax_act(sg);
-        }
         let outs = &mut outs[..heads * hd];
-        // Heads in eights (each value read once for them), then fours, then singly: eight
+        // Heads in eights (each value read once for them), then fours, then singly: 16
         // accumulators of 16 floats stay in registers.
         let (eights, fours) = (heads / 8 * 8, heads / 4 * 4);
-        for g0 in (0..eights).step_by(8) {
+        for g0 in (from.min(eights)..eights).step_by(8) {
             let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
             weigh_heads::<8, 32>(sc, visible, values, stride, o, hd);
         }
-        for g0 in (eights..fours).step_by(4) {
+        for g0 in (from.max(eights)..fours).step_by(4) {
             let (sc, o) = (&scores[g0 * visible..], &mut outs[g0 * hd..]);
             weigh_heads::<4, 32>(sc, visible, values, stride, o, hd);
         }
-        for g in fours..heads {
+        for g in from.max(fours)..heads {
             let (sc, o) = (&scores[g * visible..], &mut outs[g * hd..]);
             weigh_heads::<1, 32>(sc, visible, values, stride, o, hd);
         }

@@ -1,12 +1,13 @@
-//! AVX-512 attention scores: q·k for blocks of four query heads by four cached positions.
+//! AVX-512 attention: q·k scores for blocks of four query heads by four cached positions, and
+//! the values' weighted sums for eight heads at a time.
 //!
-//! Owns the score loop of [`super::attention::attend`] at [`SimdLevel::Avx512`]. One dot
+//! Owns the two loops of [`super::attention::attend`] at [`SimdLevel::Avx512`]. One dot
 //! product alone needs two loads per FMA (a chunk of q and one of k), more than the core
 //! loads in a cycle; in a block, the four keys' and four queries' chunks serve 16 FMAs, so the
 //! loop runs at the FMA rate. Every score is the same computation whichever block or edge
 //! computes it (16 partial sums over the chunks in order, then added pairwise), so a head's
 //! scores do not depend on its company. Scores differ from [`super::ops::plain::dot`] in the
-//! final additions only.
+//! final additions only; the weighted sums are those of the plain loop, to the bit.
 //!
 //! [`SimdLevel::Avx512`]: super::SimdLevel::Avx512
 
@@ -97,6 +98,78 @@ pub(super) unsafe fn scores(
             for g in 0..heads {
                 let acc = block::<1, 1>(q, hd, k, stride, g, p);
                 scores[g * visible + p] = hsum(acc[0][0]) * scale;
+            }
+        }
+    }
+}
+
+/// outs [heads, hd] = Σ_p w_gp v_p for heads in eights (`scores` [heads, visible] the weights,
+/// `values` rows `stride` apart from the kv head's first element): per block of
+/// [`BLOCK`](super::attention::BLOCK) positions and 32 dimensions, each value chunk is loaded
+/// once into registers for the eight heads' 16 accumulators (the plain loop folded the load
+/// into every head's FMA: three loads for two FMAs). Each output is summed over p in order
+/// with one FMA a term, as `attention::weigh` sums it, to the bit.
+///
+/// # Safety
+/// AVX-512 F; heads a multiple of 8, hd of 32; values holds (visible-1)·stride + hd floats.
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub(super) unsafe fn weigh8(
+    scores: &[f32],
+    visible: usize,
+    values: &[f32],
+    stride: usize,
+    outs: &mut [f32],
+    hd: usize,
+) {
+    let block = super::attention::BLOCK;
+    let heads = outs.len() / hd;
+    assert!(heads.is_multiple_of(8) && hd.is_multiple_of(32));
+    assert!(scores.len() >= heads * visible);
+    assert!(visible == 0 || values.len() >= (visible - 1) * stride + hd);
+    let (v, o) = (values.as_ptr(), outs.as_mut_ptr());
+    let passes = hd / 32;
+    // SAFETY: the asserts bound every load and store; prefetches are hints.
+    unsafe {
+        for g0 in (0..heads).step_by(8) {
+            let sc = scores.as_ptr().add(g0 * visible);
+            for p0 in (0..visible).step_by(block) {
+                let end = (p0 + block).min(visible);
+                // The next block's rows, spread over this block's passes.
+                let ahead = end..(end + block).min(visible);
+                let per = ahead.len().div_ceil(passes).max(1);
+                let mut next = ahead.start;
+                for d in (0..hd).step_by(32) {
+                    for _ in 0..per {
+                        if next < ahead.end {
+                            for line in (0..hd).step_by(16) {
+                                let at = v.add(next * stride + line) as *const i8;
+                                _mm_prefetch::<_MM_HINT_T0>(at);
+                            }
+                            next += 1;
+                        }
+                    }
+                    let mut acc = [[_mm512_setzero_ps(); 2]; 8];
+                    if p0 > 0 {
+                        for (g, a) in acc.iter_mut().enumerate() {
+                            let at = o.add((g0 + g) * hd + d);
+                            *a = [_mm512_loadu_ps(at), _mm512_loadu_ps(at.add(16))];
+                        }
+                    }
+                    for p in p0..end {
+                        let row = v.add(p * stride + d);
+                        let (v0, v1) = (_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16)));
+                        for (g, a) in acc.iter_mut().enumerate() {
+                            let s = _mm512_set1_ps(*sc.add(g * visible + p));
+                            a[0] = _mm512_fmadd_ps(s, v0, a[0]);
+                            a[1] = _mm512_fmadd_ps(s, v1, a[1]);
+                        }
+                    }
+                    for (g, a) in acc.iter().enumerate() {
+                        let at = o.add((g0 + g) * hd + d);
+                        _mm512_storeu_ps(at, a[0]);
+                        _mm512_storeu_ps(at.add(16), a[1]);
+                    }
+                }
             }
         }
     }
