@@ -64,6 +64,31 @@ fn prefetch(row: &[f32]) {
     let _ = row;
 }
 
+/// The rows of the block of positions after the one being weighed, prefetched a few at a
+/// time, spread over the block's passes over the dimensions.
+pub(super) struct Ahead {
+    rows: std::ops::Range<usize>,
+    per: usize,
+}
+
+impl Ahead {
+    /// For the block starting at `p0` of `visible` positions, weighed in `passes` passes.
+    #[inline(always)]
+    pub(super) fn new(p0: usize, visible: usize, passes: usize) -> Self {
+        let rows = p0 + BLOCK..(p0 + 2 * BLOCK).min(visible);
+        let per = rows.len().div_ceil(passes.max(1));
+        Ahead { rows, per }
+    }
+
+    /// Prefetches the next few rows (hd floats each, `stride` apart in `values`).
+    #[inline(always)]
+    pub(super) fn fetch(&mut self, values: &[f32], stride: usize, hd: usize) {
+        for p in self.rows.by_ref().take(self.per) {
+            prefetch(&values[p * stride..][..hd]);
+        }
+    }
+}
+
 /// [`weigh`] over every dimension of `G` heads, in blocks of [`BLOCK`] positions: `W` at a
 /// time (32 or 16), then 16, then one by one.
 #[inline(always)]
@@ -78,24 +103,16 @@ fn weigh_heads<const G: usize, const W: usize>(
     let (dw, d16) = (hd / W * W, hd / 16 * 16);
     for p0 in (0..visible).step_by(BLOCK) {
         let ps = p0..(p0 + BLOCK).min(visible);
-        // The next block's rows, spread over this block's passes.
-        let mut ahead = p0 + BLOCK..(p0 + 2 * BLOCK).min(visible);
-        let passes = (dw / W + (d16 - dw) / 16).max(1);
-        let per = ahead.len().div_ceil(passes);
-        let fetch = |ahead: &mut std::ops::Range<usize>| {
-            for p in ahead.by_ref().take(per) {
-                prefetch(&values[p * stride..][..hd]);
-            }
-        };
+        let mut ahead = Ahead::new(p0, visible, dw / W + (d16 - dw) / 16);
         for d in (0..dw).step_by(W) {
-            fetch(&mut ahead);
+            ahead.fetch(values, stride, hd);
             weigh::<G, W>(scores, visible, values, stride, d, ps.clone(), outs, hd);
         }
         for d in (dw..d16).step_by(16) {
-            fetch(&mut ahead);
+            ahead.fetch(values, stride, hd);
             weigh::<G, 16>(scores, visible, values, stride, d, ps.clone(), outs, hd);
         }
-        fetch(&mut ahead);
+        ahead.fetch(values, stride, hd);
     }
     for g in 0..G {
         for d in d16..hd {
@@ -132,37 +149,40 @@ pub fn attend(
     let stride = nkv * hd;
     let scores = &mut scores[..heads * visible];
     let keys = &keys[kvh * hd..];
-    #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512 && level.is_supported() && hd.is_multiple_of(16) {
-        // SAFETY: AVX-512 F is present (the level is supported); every key row read,
-        // p·stride..+hd for p < visible, lies inside `keys` (the caller's cache holds
-        // `visible` positions), and qs holds heads·hd.
-        unsafe { super::avx512_attention::scores(qs, hd, keys, stride, visible, scale, scores) };
-    } else {
-        score_rows(level, qs, hd, keys, stride, visible, scale, scores);
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if level.is_supported() && hd.is_multiple_of(16) => {
+            // SAFETY: AVX-512 F is present (the level is supported); every key row read,
+            // p·stride..+hd for p < visible, lies inside `keys` (the caller's cache holds
+            // `visible` positions), and qs holds heads·hd.
+            unsafe { super::avx512_attention::scores(qs, hd, keys, stride, visible, scale, scores) }
+        }
+        _ => score_rows(level, qs, hd, keys, stride, visible, scale, scores),
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    score_rows(level, qs, hd, keys, stride, visible, scale, scores);
     softmax_rows(level, scores, visible);
     let values = &values[kvh * hd..];
-    #[allow(unused_mut)]
-    let mut from = 0;
-    #[cfg(target_arch = "x86_64")]
-    if level == SimdLevel::Avx512 && level.is_supported() && hd.is_multiple_of(32) {
-        from = heads / 8 * 8;
-        // SAFETY: AVX-512 F is present; every value row read, p·stride..+hd for p < visible,
-        // lies inside `values` (as the keys above); scores and outs hold `from` heads.
-        unsafe {
-            super::avx512_attention::weigh8(
-                &scores[..from * visible],
-                visible,
-                values,
-                stride,
-                &mut outs[..from * hd],
-                hd,
-            )
-        };
-    }
+    // Heads weighed by the AVX-512 loop; the rest (all of them at other levels) by the plain one.
+    let from = match level {
+        #[cfg(target_arch = "x86_64")]
+        SimdLevel::Avx512 if level.is_supported() && hd.is_multiple_of(32) => {
+            let from = heads / 8 * 8;
+            // SAFETY: AVX-512 F is present; every value row read, p·stride..+hd for p <
+            // visible, lies inside `values` (as the keys above); scores and outs hold `from`
+            // heads.
+            unsafe {
+                super::avx512_attention::weigh8(
+                    &scores[..from * visible],
+                    visible,
+                    values,
+                    stride,
+                    &mut outs[..from * hd],
+                    hd,
+                )
+            };
+            from
+        }
+        _ => 0,
+    };
     weigh_from(level, scores, hd, values, stride, visible, outs, from);
 }
 

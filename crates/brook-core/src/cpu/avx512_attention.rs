@@ -13,6 +13,8 @@
 
 use std::arch::x86_64::*;
 
+use super::attention::{Ahead, BLOCK};
+
 /// The sum of v's 16 lanes: halves added pairwise (8, 4, 2, 1 lanes apart).
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
@@ -105,7 +107,7 @@ pub(super) unsafe fn scores(
 
 /// outs [heads, hd] = Σ_p w_gp v_p for heads in eights (`scores` [heads, visible] the weights,
 /// `values` rows `stride` apart from the kv head's first element): per block of
-/// [`BLOCK`](super::attention::BLOCK) positions and 32 dimensions, each value chunk is loaded
+/// [`BLOCK`] positions and 32 dimensions, each value chunk is loaded
 /// once into registers for the eight heads' 16 accumulators (the plain loop folded the load
 /// into every head's FMA: three loads for two FMAs). Each output is summed over p in order
 /// with one FMA a term, as `attention::weigh` sums it, to the bit.
@@ -121,33 +123,20 @@ pub(super) unsafe fn weigh8(
     outs: &mut [f32],
     hd: usize,
 ) {
-    let block = super::attention::BLOCK;
     let heads = outs.len() / hd;
     assert!(heads.is_multiple_of(8) && hd.is_multiple_of(32));
     assert!(scores.len() >= heads * visible);
     assert!(visible == 0 || values.len() >= (visible - 1) * stride + hd);
     let (v, o) = (values.as_ptr(), outs.as_mut_ptr());
-    let passes = hd / 32;
-    // SAFETY: the asserts bound every load and store; prefetches are hints.
+    // SAFETY: the asserts bound every load and store.
     unsafe {
         for g0 in (0..heads).step_by(8) {
             let sc = scores.as_ptr().add(g0 * visible);
-            for p0 in (0..visible).step_by(block) {
-                let end = (p0 + block).min(visible);
-                // The next block's rows, spread over this block's passes.
-                let ahead = end..(end + block).min(visible);
-                let per = ahead.len().div_ceil(passes).max(1);
-                let mut next = ahead.start;
+            for p0 in (0..visible).step_by(BLOCK) {
+                let end = (p0 + BLOCK).min(visible);
+                let mut ahead = Ahead::new(p0, visible, hd / 32);
                 for d in (0..hd).step_by(32) {
-                    for _ in 0..per {
-                        if next < ahead.end {
-                            for line in (0..hd).step_by(16) {
-                                let at = v.add(next * stride + line) as *const i8;
-                                _mm_prefetch::<_MM_HINT_T0>(at);
-                            }
-                            next += 1;
-                        }
-                    }
+                    ahead.fetch(values, stride, hd);
                     let mut acc = [[_mm512_setzero_ps(); 2]; 8];
                     if p0 > 0 {
                         for (g, a) in acc.iter_mut().enumerate() {

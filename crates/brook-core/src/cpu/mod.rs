@@ -8,8 +8,9 @@
 //!
 //! Layout: `simd` (level detection); `qmatvec` / `qmatmul` (kernels, with x86 inner loops in
 //! `avx2`, `avx512`, `avx512_digits` (activation bytes for Split24 and `Precision::Fast`),
-//! `avx512_attention` for attention scores, `avx512_mm` for the f32 prefill tile, `avx512_vnni_mm` for prefill at
-//! Split24 and Fast, and `avx512_tiles` for matrices stored in 16-row tiles); `pool`
+//! `avx512_mm` for the f32 prefill tile, `avx512_vnni_mm` for prefill at Split24 and Fast, and
+//! `avx512_tiles` for matrices stored in 16-row tiles; `avx512_attention` for attention's
+//! scores and weighted sums); `pool`
 //! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
 //! pool job); `mixer`, `moe`, `model` (the forward pass).
 
