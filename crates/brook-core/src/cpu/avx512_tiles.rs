@@ -297,6 +297,8 @@ pub(super) unsafe fn matvec_rows(
         return;
     }
     let mut tb = rows.start / 16;
+    // SAFETY: prefetches only; every address lies inside the matrix's bytes.
+    unsafe { warm::<_MM_HINT_T0>(a, tb, rows.end.div_ceil(16)) };
     while tb * 16 < rows.end {
         // SAFETY: asserted above; block tb holds rows of the matrix (rows.end ≤ out, a
         // multiple of 16).
@@ -318,6 +320,28 @@ pub(super) unsafe fn matvec_rows(
             y[lo - rows.start..hi - rows.start].copy_from_slice(&all[lo - tb * 16..hi - tb * 16]);
         }
         tb += 1;
+    }
+}
+
+/// Asks for the first bytes of tile blocks `tb..end` (weights, and the first block's scales
+/// and biases): [`block`] prefetches 4 KiB ahead of itself, so a range would otherwise start
+/// on demand misses, and a decode step runs hundreds of short ranges (an expert's units).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+pub(super) unsafe fn warm<const HINT: i32>(a: &Affine<'_>, tb: usize, end: usize) {
+    let bb = a.n / 32 * 256;
+    let w = &a.packed[(tb * bb).min(a.packed.len())..(end * bb).min(a.packed.len())];
+    for off in (0..w.len().min(4096)).step_by(64) {
+        // SAFETY: a hint; the address is inside `w`.
+        unsafe { _mm_prefetch::<HINT>(w.as_ptr().add(off) as *const i8) };
+    }
+    let sb = 16 * a.groups() * a.float.size();
+    for q in [a.scales, a.biases] {
+        let q = &q[(tb * sb).min(q.len())..((tb + 1) * sb).min(q.len())];
+        for off in (0..q.len().min(512)).step_by(64) {
+            // SAFETY: as above.
+            unsafe { _mm_prefetch::<HINT>(q.as_ptr().add(off) as *const i8) };
+        }
     }
 }
 

@@ -19,7 +19,7 @@ use crate::cpu::SimdLevel;
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{route_top_k, swiglu_act};
 use crate::cpu::pool::SharedMut;
-use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec};
+use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec, warm};
 use crate::error::{Error, Result};
 use crate::model::PREFETCH_GUESSES;
 use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
@@ -232,10 +232,50 @@ fn decode(
         let (preps, ys) = (SharedMut::new(&mut s.preps), SharedMut::new(&mut s.ye));
         let (handles, prep, prec) = (&s.handles, &s.xs.prep, ex.precision);
         let lock = || sched.lock().unwrap_or_else(|p| p.into_inner());
+        // The rows of a gate/up or a down unit, and a unit's first rows asked into L2.
+        let gu = |slot: usize, block: usize| {
+            let wide = if slot < k { i_w } else { is };
+            block * gu_rows..((block + 1) * gu_rows).min(wide)
+        };
+        let down = |block: usize| block * down_rows..((block + 1) * down_rows).min(h);
+        let down_of = |slot: usize| {
+            if slot < k {
+                handles[slot].view().down_proj
+            } else {
+                sh.down_proj
+            }
+        };
+        let warm_unit = |unit: &Unit| match *unit {
+            Unit::GateUp(slot, block) => {
+                let v = if slot < k {
+                    gate_up_ready(&*handles[slot], layer, i_w).ok()
+                } else {
+                    Some(sh)
+                };
+                for m in v.iter().flat_map(|v| [&v.gate_proj, &v.up_proj]) {
+                    warm(level, m, gu(slot, block), false);
+                }
+            }
+            Unit::Down(slot, block) => warm(level, &down_of(slot), down(block), false),
+            Unit::Wait | Unit::Done => {}
+        };
         ex.pool.run(&|_| {
+            let landed = |slot: usize| slot == k || handles[slot].landed();
+            let mut next: Option<Unit> = None;
             loop {
                 // The shared expert (slot k) is always in memory.
-                let unit = lock().claim(|slot| slot == k || handles[slot].landed(), per_down);
+                let unit = match next.take() {
+                    Some(u) => u,
+                    None => lock().claim(landed, per_down, true),
+                };
+                // Claim the unit after this one now, where one can start, and ask for its
+                // first rows while this one computes: a unit is a short run (half of an
+                // expert's matrix, or two halves), which would otherwise start on misses.
+                if matches!(unit, Unit::GateUp(..) | Unit::Down(..)) {
+                    next = Some(lock().claim(landed, per_down, false))
+                        .filter(|u| matches!(u, Unit::GateUp(..) | Unit::Down(..)));
+                    next.iter().for_each(warm_unit);
+                }
                 match unit {
                     Unit::Done => return,
                     // Another thread holds the last open work; sleep on a read it waits for
@@ -246,7 +286,7 @@ fn decode(
                     },
                     Unit::GateUp(slot, block) => {
                         let (at, wide) = (slot * width, if slot < k { i_w } else { is });
-                        let rows = block * gu_rows..((block + 1) * gu_rows).min(wide);
+                        let rows = gu(slot, block);
                         let v = if slot < k {
                             match gate_up_ready(&*handles[slot], layer, i_w) {
                                 Ok(v) => v,
@@ -265,6 +305,8 @@ fn decode(
                                 hu.slice(at + rows.start..at + rows.end),
                             )
                         };
+                        // The up rows' start comes into L1 while the gate's compute.
+                        warm(level, &v.up_proj, rows.clone(), true);
                         matvec_rows(level, &v.gate_proj, prep, g, rows.clone());
                         matvec_rows(level, &v.up_proj, prep, u, rows);
                         if lock().gate_up_done(slot) {
@@ -283,12 +325,7 @@ fn decode(
                         }
                     }
                     Unit::Down(slot, block) => {
-                        let rows = block * down_rows..((block + 1) * down_rows).min(h);
-                        let down = if slot < k {
-                            handles[slot].view().down_proj
-                        } else {
-                            sh.down_proj
-                        };
+                        let (rows, down) = (down(block), down_of(slot));
                         // SAFETY: (slot, block) is claimed once; the slot's prep was written
                         // before `prepared` (under the lock) and is only read from now on.
                         let (y, xp) = unsafe {
@@ -406,7 +443,9 @@ impl<'a> Schedule<'a> {
 
     /// The next unit: gate/up of an expert that has landed, else a down block that is open,
     /// else gate/up of the first expert still being read (the caller blocks on it).
-    fn claim(&mut self, landed: impl Fn(usize) -> bool, per_down: usize) -> Unit {
+    /// `wait`: also hand out gate/up of an expert still being read (false: only units that
+    /// can start now, for a claim ahead).
+    fn claim(&mut self, landed: impl Fn(usize) -> bool, per_down: usize, wait: bool) -> Unit {
         if self.failed.is_some() {
             return Unit::Done;
         }
@@ -422,7 +461,7 @@ impl<'a> Schedule<'a> {
             })
             .or_else(|| {
                 (0..k)
-                    .find(|&slot| open(self, slot))
+                    .find(|&slot| wait && open(self, slot))
                     .map(|slot| (slot, true))
             });
         match pick {

@@ -197,9 +197,13 @@ pub fn matvec_rows(
                 return tiled_rows(w, xp, y, rows);
             }
             match level {
+                // The 4-bit f32 kernel reads x in lane order, which a preparation with tile
+                // digits leaves out (every 4-bit matrix takes the tiles' kernels there).
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the level is supported and `check` guaranteed the byte lengths.
-                SimdLevel::Avx512 => unsafe { super::avx512::affine_rows(&a, xp, y, rows) },
+                SimdLevel::Avx512 if a.bits != 4 || !xp.lanes().is_empty() => unsafe {
+                    super::avx512::affine_rows(&a, xp, y, rows)
+                },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
                 SimdLevel::Avx2 => unsafe { super::avx2::affine_rows(&a, xp, y, rows) },
@@ -207,6 +211,42 @@ pub fn matvec_rows(
             }
         }
     }
+}
+
+/// Asks for the first few KiB of rows `rows` of `w` to be brought into cache, as
+/// [`matvec_rows`] does when it starts on them: for a caller that knows which rows it will
+/// multiply next (the one-token MoE warms an expert's up projection while its gate computes).
+/// `near`: into L1 for rows about to be read; else into L2, for rows read after the current
+/// run (which streams through L1).
+pub(crate) fn warm(level: SimdLevel, w: &LinearRef<'_>, rows: Range<usize>, near: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512
+        && level.is_supported()
+        && rows.end <= w.out_features
+        && let Some(a) = Affine::of(w)
+    {
+        if a.order == Order::Tiles {
+            // SAFETY: prefetches only, of addresses inside the matrix (clamped there).
+            unsafe {
+                if near {
+                    super::avx512_tiles::warm::<{ std::arch::x86_64::_MM_HINT_T0 }>(
+                        &a,
+                        rows.start / 16,
+                        rows.end.div_ceil(16),
+                    )
+                } else {
+                    super::avx512_tiles::warm::<{ std::arch::x86_64::_MM_HINT_T1 }>(
+                        &a,
+                        rows.start / 16,
+                        rows.end.div_ceil(16),
+                    )
+                }
+            };
+        } else if near {
+            super::avx512::warm_rows(&a, rows.start, rows.end);
+        }
+    }
+    let _ = (level, w, rows, near);
 }
 
 /// [`matvec_rows`] for a matrix in 16-row tiles off the VNNI kernels (another level): each

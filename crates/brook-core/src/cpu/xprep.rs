@@ -82,50 +82,63 @@ impl XPrep {
 
     /// Prepares `x` for the kernels of `level` at `precision`.
     ///
-    /// Where AVX-512 VNNI exists and 32 divides the width, this also writes the digits the
-    /// kernels of 16-row tiles read ([`crate::linear::Order::Tiles`]): int8 at `Fast`, and
-    /// Split24's exact digits otherwise (tiled matrices have no f32 kernel there).
+    /// Where AVX-512 VNNI exists and 32 divides the width, this writes the digits the kernels
+    /// of 16-row tiles read ([`crate::linear::Order::Tiles`]): int8 at `Fast`, and Split24's
+    /// exact digits otherwise (tiled matrices have no f32 kernel there). Every 4-bit matrix
+    /// then takes those kernels (groups are 32, 64 or 128, so 32 divides every width), and
+    /// the f32 kernels' lane order is left empty, as [`super::qmatmul::XBatch`] does; the
+    /// group sums come from the digits' pass. A decode step prepares about 120 inputs on the
+    /// calling thread while the others wait, and the lane order and the scalar sums took
+    /// most of the ~5 µs each one cost (docs/BENCH.md, "session 15").
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
         self.tnd = 0;
-        self.fill(level, x);
-        if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && x.len().is_multiple_of(32) {
+        self.level = Some(level);
+        self.x.clear();
+        self.x.extend_from_slice(x);
+        self.lanes.clear();
+        let n = x.len();
+        if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && n.is_multiple_of(32) {
             let nd = if precision == Precision::Fast { 1 } else { 3 };
-            let blocks = x.len() / 32;
+            let blocks = n / 32;
             self.tiles.clear();
             self.tiles.resize(blocks * nd * 32, 0);
             self.tcoef.clear();
             self.tcoef.resize(blocks * nd, 0.0);
-            for ((xc, out), cf) in x
+            let s32 = &mut self.sums[0];
+            s32.clear();
+            s32.resize(blocks, 0.0);
+            for (((xc, out), cf), sum) in x
                 .chunks_exact(32)
                 .zip(self.tiles.chunks_exact_mut(nd * 32))
                 .zip(self.tcoef.chunks_exact_mut(nd))
+                .zip(s32.iter_mut())
             {
-                block_digits(nd, xc, out, cf);
+                *sum = block_digits(nd, xc, out, cf);
             }
             self.tnd = nd;
+        } else {
+            let s32 = &mut self.sums[0];
+            s32.clear();
+            if n.is_multiple_of(32) {
+                s32.extend(x.chunks_exact(32).map(|c| c.iter().sum::<f32>()));
+            }
+            self.fill_lanes(level);
         }
-    }
-
-    fn fill(&mut self, level: SimdLevel, x: &[f32]) {
-        self.level = Some(level);
-        self.x.clear();
-        self.x.extend_from_slice(x);
-        let n = x.len();
-        // Σx per 32 in order; per 64 and 128 as sums of the two halves' (one pass over x).
+        // Σx per 64 and 128 as sums of the two halves' 32-sums.
         let [s32, s64, s128] = &mut self.sums;
-        s32.clear();
         s64.clear();
         s128.clear();
-        if n.is_multiple_of(32) {
-            s32.extend(x.chunks_exact(32).map(|c| c.iter().sum::<f32>()));
-        }
         if n.is_multiple_of(64) {
             s64.extend(s32.chunks_exact(2).map(|p| p[0] + p[1]));
         }
         if n.is_multiple_of(128) {
             s128.extend(s64.chunks_exact(2).map(|p| p[0] + p[1]));
         }
-        self.lanes.clear();
+    }
+
+    /// x in the 4-bit lane order of the f32 kernels at `level` (none for the portable ones).
+    fn fill_lanes(&mut self, level: SimdLevel) {
+        let (x, n) = (&self.x, self.x.len());
         let lanes = match level {
             SimdLevel::Portable => return,
             SimdLevel::Avx2 => 8,
