@@ -10,7 +10,8 @@ use brook_core::Model;
 use brook_core::cpu::attention::attend;
 use brook_core::cpu::delta::{self, HeadRows};
 use brook_core::cpu::ops::{
-    exp_act, rms_norm, rope, rope_angles, rope_inv_freq, route_top_k, sigmoid_gate, swiglu_act,
+    exp_act, rms_norm, rope, rope_angles, rope_inv_freq, route_top_k, sigmoid_gate, silu_inplace,
+    swiglu_act,
 };
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{SimdLevel, SwigluScratch, expert_swiglu};
@@ -112,11 +113,12 @@ fn activations_exp_is_within_two_ulp_of_libm() {
 }
 
 #[test]
-fn swiglu_and_sigmoid_gates_match_reference() {
+fn swiglu_silu_and_sigmoid_gates_match_reference() {
     let mut rng = Rng::new(5);
     for n in [1, 15, 16, 17, 512, 1027] {
         let (g, u) = (rng.vec(n, 12.0), rng.vec(n, 2.0));
         let want: Vec<f32> = g.iter().zip(&u).map(|(&a, &b)| ops::silu(a) * b).collect();
+        let silu: Vec<f32> = g.iter().map(|&a| ops::silu(a)).collect();
         let gate: Vec<f32> = g
             .iter()
             .zip(&u)
@@ -127,7 +129,13 @@ fn swiglu_and_sigmoid_gates_match_reference() {
             swiglu_act(level, &mut got, &u);
             let mut x = u.clone();
             sigmoid_gate(level, &mut x, &g);
-            for (what, got, want) in [("swiglu", &got, &want), ("sigmoid gate", &x, &gate)] {
+            let mut s = g.clone();
+            silu_inplace(level, &mut s);
+            for (what, got, want) in [
+                ("swiglu", &got, &want),
+                ("sigmoid gate", &x, &gate),
+                ("silu", &s, &silu),
+            ] {
                 for (i, (a, b)) in got.iter().zip(want.iter()).enumerate() {
                     assert!(
                         (a - b).abs() <= 4.0 * f32::EPSILON * b.abs() + 1e-30,

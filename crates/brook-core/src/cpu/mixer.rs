@@ -14,10 +14,11 @@ use crate::cpu::delta::{self, HeadRows};
 use crate::cpu::exec::{Exec, XScratch};
 use crate::cpu::ops::{
     gated_rms_norm, mul_acc, rms_norm, rms_norm_scaled_inplace, rope, rope_angles, sigmoid_gate,
+    silu_inplace,
 };
 use crate::cpu::pool::{Chunks, SharedMut};
 use crate::error::Result;
-use crate::model::ops::{sigmoid, silu, softplus};
+use crate::model::ops::{sigmoid, softplus};
 use crate::model::weights::{AttentionWeights, DeltaNetWeights};
 
 /// Buffers of both mixers for chunks of up to `chunk` tokens.
@@ -161,7 +162,7 @@ pub fn delta_net(
                         };
                         mul_acc(level, &conv_t[m * cd + ch.start..m * cd + ch.end], src, o);
                     }
-                    o.iter_mut().for_each(|v| *v = silu(*v));
+                    silu_inplace(level, o);
                     for (j, head) in o.chunks_mut(dk).enumerate() {
                         let c0 = ch.start + j * dk;
                         if c0 + dk <= key_dim {
