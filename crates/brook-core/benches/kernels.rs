@@ -9,6 +9,7 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use brook_core::cpu::attention::attend;
+use brook_core::cpu::ops::silu_inplace;
 use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
@@ -260,6 +261,43 @@ fn attention(c: &mut Criterion) {
     g.finish();
 }
 
+/// The per-input work a decode step does on the calling thread or in small jobs: preparing a
+/// 2048-wide input for the one-token kernels (about 120 a token for the 35B), and the SiLU of
+/// a DeltaNet layer's 8192 convolution channels, libm's `expf` against `silu_inplace`.
+fn activations(c: &mut Criterion) {
+    let level = SimdLevel::detect();
+    let mut rng = Rng::new(4);
+    let mut g = c.benchmark_group("activations");
+    let x = rng.vec(2048, 1.0);
+    let mut xp = XPrep::new();
+    for p in [Precision::F32, Precision::Fast] {
+        g.bench_function(format!("prepare_2048/{}-{p:?}", level.name()), |b| {
+            b.iter(|| {
+                xp.prepare_with(level, p, black_box(&x));
+                black_box(xp.x()[0])
+            })
+        });
+    }
+    let conv = rng.vec(8192, 3.0);
+    let mut y = conv.clone();
+    g.bench_function("silu_8192/libm", |b| {
+        b.iter(|| {
+            for (o, &v) in y.iter_mut().zip(black_box(&conv)) {
+                *o = brook_core::model::ops::silu(v);
+            }
+            black_box(y[0])
+        })
+    });
+    g.bench_function(format!("silu_8192/{}", level.name()), |b| {
+        b.iter(|| {
+            y.copy_from_slice(black_box(&conv));
+            silu_inplace(level, &mut y);
+            black_box(y[0])
+        })
+    });
+    g.finish();
+}
+
 fn matmul(c: &mut Criterion) {
     let level = SimdLevel::detect();
     let mut rng = Rng::new(2);
@@ -306,6 +344,6 @@ fn matmul(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = memory_baseline, matvec, expert, attention, matmul
+    targets = memory_baseline, matvec, expert, attention, activations, matmul
 }
 criterion_main!(benches);
