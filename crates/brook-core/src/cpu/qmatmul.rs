@@ -104,32 +104,7 @@ impl XBatch {
         } else {
             1
         };
-        let blocks = x.len() / 32;
-        self.digits.clear();
-        self.digits.resize(blocks * nd * 32, 0);
-        self.coef.clear();
-        self.coef.resize(blocks * nd, 0.0);
-        let s32 = &mut self.sums[0];
-        s32.clear();
-        s32.resize(blocks, 0.0);
-        for (((xc, out), cf), sum) in x
-            .chunks_exact(32)
-            .zip(self.digits.chunks_exact_mut(nd * 32))
-            .zip(self.coef.chunks_exact_mut(nd))
-            .zip(s32.iter_mut())
-        {
-            *sum = super::xprep::block_digits(nd, xc, out, cf);
-        }
-        // Σx per 64 and 128 from the 32-sums (n is a multiple of 32, so no group straddles
-        // two tokens when g divides n).
-        for k in 1..3 {
-            let (lo, hi) = self.sums.split_at_mut(k);
-            let (prev, next) = (&lo[k - 1], &mut hi[0]);
-            next.clear();
-            if n.is_multiple_of(32 << k) {
-                next.extend(prev.chunks_exact(2).map(|p| p[0] + p[1]));
-            }
-        }
+        super::xprep::digits_and_sums(nd, x, n, &mut self.digits, &mut self.coef, &mut self.sums);
         self.nd = nd;
     }
 }

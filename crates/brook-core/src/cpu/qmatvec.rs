@@ -225,21 +225,14 @@ pub(crate) fn warm(level: SimdLevel, w: &LinearRef<'_>, rows: Range<usize>, near
         && rows.end <= w.out_features
         && let Some(a) = Affine::of(w)
     {
+        use std::arch::x86_64::{_MM_HINT_T0, _MM_HINT_T1};
+        let (tb, end) = (rows.start / 16, rows.end.div_ceil(16));
         if a.order == Order::Tiles {
             // SAFETY: prefetches only, of addresses inside the matrix (clamped there).
             unsafe {
-                if near {
-                    super::avx512_tiles::warm::<{ std::arch::x86_64::_MM_HINT_T0 }>(
-                        &a,
-                        rows.start / 16,
-                        rows.end.div_ceil(16),
-                    )
-                } else {
-                    super::avx512_tiles::warm::<{ std::arch::x86_64::_MM_HINT_T1 }>(
-                        &a,
-                        rows.start / 16,
-                        rows.end.div_ceil(16),
-                    )
+                match near {
+                    true => super::avx512_tiles::warm::<_MM_HINT_T0>(&a, tb, end),
+                    false => super::avx512_tiles::warm::<_MM_HINT_T1>(&a, tb, end),
                 }
             };
         } else if near {

@@ -99,22 +99,7 @@ impl XPrep {
         let n = x.len();
         if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && n.is_multiple_of(32) {
             let nd = if precision == Precision::Fast { 1 } else { 3 };
-            let blocks = n / 32;
-            self.tiles.clear();
-            self.tiles.resize(blocks * nd * 32, 0);
-            self.tcoef.clear();
-            self.tcoef.resize(blocks * nd, 0.0);
-            let s32 = &mut self.sums[0];
-            s32.clear();
-            s32.resize(blocks, 0.0);
-            for (((xc, out), cf), sum) in x
-                .chunks_exact(32)
-                .zip(self.tiles.chunks_exact_mut(nd * 32))
-                .zip(self.tcoef.chunks_exact_mut(nd))
-                .zip(s32.iter_mut())
-            {
-                *sum = block_digits(nd, xc, out, cf);
-            }
+            digits_and_sums(nd, x, n, &mut self.tiles, &mut self.tcoef, &mut self.sums);
             self.tnd = nd;
         } else {
             let s32 = &mut self.sums[0];
@@ -122,17 +107,8 @@ impl XPrep {
             if n.is_multiple_of(32) {
                 s32.extend(x.chunks_exact(32).map(|c| c.iter().sum::<f32>()));
             }
+            pair_sums(&mut self.sums, n);
             self.fill_lanes(level);
-        }
-        // Σx per 64 and 128 as sums of the two halves' 32-sums.
-        let [s32, s64, s128] = &mut self.sums;
-        s64.clear();
-        s128.clear();
-        if n.is_multiple_of(64) {
-            s64.extend(s32.chunks_exact(2).map(|p| p[0] + p[1]));
-        }
-        if n.is_multiple_of(128) {
-            s128.extend(s64.chunks_exact(2).map(|p| p[0] + p[1]));
         }
     }
 
@@ -188,6 +164,50 @@ impl XPrep {
             32 => &self.sums[0],
             64 => &self.sums[1],
             _ => &self.sums[2],
+        }
+    }
+}
+
+/// The VNNI kernels' digits of x (rows of `n`, a multiple of 32) at `nd` digits per element
+/// into `digits` [x.len()/32, nd, 32] and `coef` [x.len()/32, nd], and Σx per 32, 64 and
+/// 128 elements into `sums` from the same pass (for [`XPrep`] and the prefill's `XBatch`).
+/// Only called with VNNI present.
+pub(crate) fn digits_and_sums(
+    nd: usize,
+    x: &[f32],
+    n: usize,
+    digits: &mut Vec<i8>,
+    coef: &mut Vec<f32>,
+    sums: &mut [Vec<f32>; 3],
+) {
+    let blocks = x.len() / 32;
+    digits.clear();
+    digits.resize(blocks * nd * 32, 0);
+    coef.clear();
+    coef.resize(blocks * nd, 0.0);
+    let s32 = &mut sums[0];
+    s32.clear();
+    s32.resize(blocks, 0.0);
+    for (((xc, out), cf), sum) in x
+        .chunks_exact(32)
+        .zip(digits.chunks_exact_mut(nd * 32))
+        .zip(coef.chunks_exact_mut(nd))
+        .zip(s32.iter_mut())
+    {
+        *sum = block_digits(nd, xc, out, cf);
+    }
+    pair_sums(sums, n);
+}
+
+/// Σx per 64 and 128 elements from the 32-sums in `sums[0]`, for rows of `n` (a group never
+/// straddles two rows when it divides n); empty where it does not.
+fn pair_sums(sums: &mut [Vec<f32>; 3], n: usize) {
+    for k in 1..3 {
+        let (lo, hi) = sums.split_at_mut(k);
+        let (prev, next) = (&lo[k - 1], &mut hi[0]);
+        next.clear();
+        if n.is_multiple_of(32 << k) {
+            next.extend(prev.chunks_exact(2).map(|p| p[0] + p[1]));
         }
     }
 }
