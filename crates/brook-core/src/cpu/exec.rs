@@ -6,6 +6,8 @@
 //! live in a fixed array) or know about layers. Mirrors calling
 //! [`crate::linear::LinearRef::forward_rows`] once per matrix.
 
+use std::ops::Range;
+
 use crate::cpu::SimdLevel;
 use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::qmatmul::{XBatch, matmul_rows};
@@ -26,6 +28,9 @@ pub struct Exec<'p> {
     /// How products treat the activations (one-token matvecs; chunks: [`Exec::batch_precision`]).
     pub precision: Precision,
 }
+
+/// Work run on rows of a product as soon as they are computed: (matrix, rows, their output).
+pub type Then<'a> = dyn Fn(usize, Range<usize>, &mut [f32]) + Sync + 'a;
 
 /// Scratch for one input of [`Exec::linears`]: prepared forms of x.
 #[derive(Debug, Clone, Default)]
@@ -55,6 +60,31 @@ impl Exec<'_> {
         t: usize,
         s: &mut XScratch,
         outs: &mut [(LinearRef<'_>, &mut [f32])],
+    ) -> Result<()> {
+        self.run(x, t, s, outs, None)
+    }
+
+    /// [`Exec::linears`] for one token x [in] that also runs `then(i, rows, y)` on the thread
+    /// that computed rows `rows` of matrix `outs[i]`, with those rows of its output, right
+    /// after computing them: per-row work that would otherwise be a pool job of its own (the
+    /// DeltaNet's convolution of its projected channels).
+    pub fn linears_then(
+        &self,
+        x: &[f32],
+        s: &mut XScratch,
+        outs: &mut [(LinearRef<'_>, &mut [f32])],
+        then: &Then<'_>,
+    ) -> Result<()> {
+        self.run(x, 1, s, outs, Some(then))
+    }
+
+    fn run(
+        &self,
+        x: &[f32],
+        t: usize,
+        s: &mut XScratch,
+        outs: &mut [(LinearRef<'_>, &mut [f32])],
+        then: Option<&Then<'_>>,
     ) -> Result<()> {
         if outs.is_empty() || t == 0 {
             return Ok(());
@@ -98,7 +128,10 @@ impl Exec<'_> {
                         // SAFETY: every unit is claimed by one thread only, so its rows are
                         // written by no other thread.
                         let ys = unsafe { y.slice(rows.clone()) };
-                        matvec_rows(level, w, &s.prep, ys, rows);
+                        matvec_rows(level, w, &s.prep, ys, rows.clone());
+                        if let Some(f) = then {
+                            f(i, rows, ys);
+                        }
                     } else {
                         // SAFETY: as above; matmul writes only columns `rows` of Y.
                         unsafe { matmul_rows(level, w, &s.batch, *y, rows) };

@@ -1,12 +1,15 @@
 //! The token mixers on the CPU kernels: Gated DeltaNet and gated attention, one layer each.
 //!
 //! Owns their scratch ([`MixerScratch`], sized once for a chunk of tokens) and schedule:
-//! projections as one pool job, the causal conv split over channels, the delta rule split over
-//! value heads (recurrent for one token, chunked for more), attention split over (token,
+//! projections as one pool job, the causal conv split over channels (for one token inside the
+//! projections' job, on the rows each thread just computed), the delta rule split over value
+//! heads (recurrent for one token, chunked for more), attention split over (token,
 //! head) pairs for one token and (token, kv head) for more. It reads and writes the reference
 //! state layout (conv [K−1, conv_dim] oldest first, ssm [nv, dk, dv], keys/values
 //! [pos, nkv, hd]) and must not allocate while the KV cache and score buffers have room.
 //! Mirrors [`crate::model::delta_net::forward`] and [`crate::model::attention::forward`].
+
+use std::ops::Range;
 
 use crate::config::ModelConfig;
 use crate::cpu::attention::attend;
@@ -63,7 +66,8 @@ impl MixerScratch {
             cfg.head_dim,
         );
         let qw = nq * hd * if cfg.attn_output_gate { 2 } else { 1 };
-        let dper = delta::step_scratch(dv).max(delta::chunked_scratch(dk, dv));
+        // One token's step also holds its key head's normalised q and k.
+        let dper = (delta::step_scratch(dv) + 2 * dk).max(delta::chunked_scratch(dk, dv));
         MixerScratch {
             chunk,
             threads,
@@ -119,25 +123,50 @@ pub fn delta_net(
         nk * dk,
         ex.level,
     );
-    ex.linears(
-        x,
-        t,
-        &mut s.xs,
-        &mut [
-            (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
-            (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
-            (w.in_proj_b.view(), &mut s.b[..t * nv]),
-            (w.in_proj_a.view(), &mut s.a[..t * nv]),
-        ],
-    )?;
-
-    // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by channel
-    // in runs of whole heads; each run then normalises its q and k heads — q = l2(q)/√dk,
-    // k = l2(k) (as rms norms with ε/dk) — and moves its channels of the conv state on.
-    let past = kk - 1;
     let inv_scale = (dk as f32).powf(-0.5);
     let eps = 1e-6 / dk as f32;
-    {
+    if t == 1 {
+        // One token: each run of projected channels goes through the causal depthwise conv
+        // + SiLU on the thread that computed it, inside the projections' job; q and k are
+        // normalised by the delta rule's job below, per head.
+        let (cv, state) = (
+            SharedMut::new(&mut s.conv[..cd]),
+            SharedMut::new(conv_state),
+        );
+        let conv_now = |i: usize, ch: Range<usize>, y: &mut [f32]| {
+            if i == 0 {
+                let y: &[f32] = y;
+                // SAFETY: each run of qkv rows is computed by one thread only, which alone
+                // touches those channels of the state and of the conv output.
+                unsafe { conv_channels(level, conv_t, cd, kk, 1, ch, &state, |_| y, &cv) };
+            }
+        };
+        ex.linears_then(
+            x,
+            &mut s.xs,
+            &mut [
+                (w.in_proj_qkv.view(), &mut s.qkv[..cd]),
+                (w.in_proj_z.view(), &mut s.z[..nv * dv]),
+                (w.in_proj_b.view(), &mut s.b[..nv]),
+                (w.in_proj_a.view(), &mut s.a[..nv]),
+            ],
+            &conv_now,
+        )?;
+    } else {
+        ex.linears(
+            x,
+            t,
+            &mut s.xs,
+            &mut [
+                (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
+                (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
+                (w.in_proj_b.view(), &mut s.b[..t * nv]),
+                (w.in_proj_a.view(), &mut s.a[..t * nv]),
+            ],
+        )?;
+        // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by
+        // channel in runs of whole heads; each run then normalises its q and k heads —
+        // q = l2(q)/√dk, k = l2(k) (as rms norms with ε/dk).
         let qkv = &s.qkv;
         let (cv, state) = (
             SharedMut::new(&mut s.conv[..t * cd]),
@@ -147,22 +176,12 @@ pub fn delta_net(
         ex.pool.run(&|_| {
             while let Some(hs) = chunks.claim() {
                 let ch = hs.start * dk..(hs.end * dk).min(cd);
+                let new = |j: usize| &qkv[j * cd + ch.start..j * cd + ch.end];
+                // SAFETY: each run of channels is claimed by one thread only.
+                unsafe { conv_channels(level, conv_t, cd, kk, t, ch.clone(), &state, new, &cv) };
                 for ti in 0..t {
-                    // SAFETY: each run of channels is claimed by one thread only, and the
-                    // state's columns `ch` are read and then written by that thread alone.
+                    // SAFETY: as above.
                     let o = unsafe { cv.slice(ti * cd + ch.start..ti * cd + ch.end) };
-                    o.fill(0.0);
-                    for m in 0..kk {
-                        let r = ti + m;
-                        let src = if r < past {
-                            // SAFETY: as above (columns `ch` of row r, read only here).
-                            unsafe { state.slice(r * cd + ch.start..r * cd + ch.end) }
-                        } else {
-                            &qkv[(r - past) * cd + ch.start..(r - past) * cd + ch.end]
-                        };
-                        mul_acc(level, &conv_t[m * cd + ch.start..m * cd + ch.end], src, o);
-                    }
-                    silu_inplace(level, o);
                     for (j, head) in o.chunks_mut(dk).enumerate() {
                         let c0 = ch.start + j * dk;
                         if c0 + dk <= key_dim {
@@ -172,27 +191,16 @@ pub fn delta_net(
                         }
                     }
                 }
-                // The state's rows become the last K−1 rows of [state; qkv], oldest first;
-                // row r's source (row t + r) is always later, so ascending r is in place.
-                for r in 0..past {
-                    let src = t + r;
-                    // SAFETY: as above.
-                    let dst = unsafe { state.slice(r * cd + ch.start..r * cd + ch.end) };
-                    if src < past {
-                        // SAFETY: as above; rows src > r are not written before this read.
-                        let from = unsafe { state.slice(src * cd + ch.start..src * cd + ch.end) };
-                        dst.copy_from_slice(from);
-                    } else {
-                        let at = (src - past) * cd;
-                        dst.copy_from_slice(&qkv[at + ch.start..at + ch.end]);
-                    }
-                }
             }
         });
     }
-    for i in 0..t * nv {
-        s.beta[i] = sigmoid(s.b[i]);
-        s.g[i] = -w.A_log[i % nv].exp() * softplus(s.a[i] + w.dt_bias[i % nv]);
+    // The gates (one token: per head in the delta rule's job).
+    let gate = |i: usize| -w.A_log[i % nv].exp() * softplus(s.a[i] + w.dt_bias[i % nv]);
+    if t > 1 {
+        for i in 0..t * nv {
+            s.beta[i] = sigmoid(s.b[i]);
+            s.g[i] = gate(i);
+        }
     }
 
     let (r, chunk, dper) = (nv / nk, s.chunk, s.dper);
@@ -200,7 +208,7 @@ pub fn delta_net(
         let st = SharedMut::new(ssm);
         let o = SharedMut::new(&mut s.o[..]);
         let ds = SharedMut::new(&mut s.dscratch[..]);
-        let (conv, g, beta, z) = (&s.conv, &s.g, &s.beta, &s.z);
+        let (conv, g, beta, z, b) = (&s.conv, &s.g, &s.beta, &s.z, &s.b);
         let (y, eps_n) = (SharedMut::new(&mut s.y[..t * nv * dv]), cfg.rms_norm_eps);
         let heads = Chunks::new(nv, 1);
         ex.pool.run(&|tid| {
@@ -218,10 +226,17 @@ pub fn delta_net(
                     )
                 };
                 if t == 1 {
-                    let q = &conv[kh * dk..][..dk];
-                    let k = &conv[key_dim + kh * dk..][..dk];
+                    // q = l2(q)/√dk, k = l2(k) of the head's key head, as the chunks' conv
+                    // job does in place (here a copy: two value heads share a key head).
+                    let (q, rest) = scratch.split_at_mut(dk);
+                    let (k, rest) = rest.split_at_mut(dk);
+                    q.copy_from_slice(&conv[kh * dk..][..dk]);
+                    rms_norm_scaled_inplace(level, q, eps, inv_scale * inv_scale);
+                    k.copy_from_slice(&conv[key_dim + kh * dk..][..dk]);
+                    rms_norm_scaled_inplace(level, k, eps, inv_scale);
                     let v = &conv[2 * key_dim + h * dv..][..dv];
-                    delta::step(level, sh, q, k, v, g[h], beta[h], oh, scratch);
+                    let (gh, bh) = (gate(h), sigmoid(b[h]));
+                    delta::step(level, sh, q, k, v, gh, bh, oh, rest);
                 } else {
                     let rows = HeadRows {
                         q: &conv[kh * dk..],
@@ -253,6 +268,57 @@ pub fn delta_net(
         &mut s.ys,
         &mut [(w.out_proj.view(), out)],
     )
+}
+
+/// Causal depthwise conv + SiLU of channels `ch` for `t` tokens into rows 0..t of `out`
+/// ([t, cd]): row i = SiLU(Σ_m conv_t[m]·src(i + m)) over the K taps, where src(r) is row r
+/// of the state (r < K−1) or `new(r − (K−1))`, token j's channels `ch`; then the state's
+/// channels `ch` move on to the last K−1 rows of [state; new tokens], oldest first.
+///
+/// # Safety
+/// The caller alone touches channels `ch` of `state` and of `out` during the call.
+#[allow(clippy::too_many_arguments)]
+unsafe fn conv_channels<'a>(
+    level: crate::cpu::SimdLevel,
+    conv_t: &[f32],
+    cd: usize,
+    kk: usize,
+    t: usize,
+    ch: Range<usize>,
+    state: &SharedMut<'_, f32>,
+    new: impl Fn(usize) -> &'a [f32],
+    out: &SharedMut<'_, f32>,
+) {
+    let past = kk - 1;
+    let at = |row: usize| row * cd + ch.start..row * cd + ch.end;
+    for ti in 0..t {
+        // SAFETY: the caller holds these channels (see above).
+        let o = unsafe { out.slice(at(ti)) };
+        o.fill(0.0);
+        for m in 0..kk {
+            let r = ti + m;
+            let src = if r < past {
+                // SAFETY: as above (row r's channels, read only here).
+                unsafe { state.slice(at(r)) }
+            } else {
+                new(r - past)
+            };
+            mul_acc(level, &conv_t[at(m)], src, o);
+        }
+        silu_inplace(level, o);
+    }
+    // Row r's source (row t + r of [state; new]) is always later, so ascending r is in place.
+    for r in 0..past {
+        let src = t + r;
+        // SAFETY: as above.
+        let dst = unsafe { state.slice(at(r)) };
+        if src < past {
+            // SAFETY: as above; rows src > r are not written before this read.
+            dst.copy_from_slice(unsafe { state.slice(at(src)) });
+        } else {
+            dst.copy_from_slice(new(src - past));
+        }
+    }
 }
 
 /// One gated attention layer on x [T, H] at positions pos0.. → out [T, H], appending to the
