@@ -262,8 +262,9 @@ fn attention(c: &mut Criterion) {
 }
 
 /// The per-input work a decode step does on the calling thread or in small jobs: preparing a
-/// 2048-wide input for the one-token kernels (about 120 a token for the 35B), and the SiLU of
-/// a DeltaNet layer's 8192 convolution channels, libm's `expf` against `silu_inplace`.
+/// 2048-wide input for the one-token kernels (about 120 a token for the 35B), the SiLU of
+/// a DeltaNet layer's 8192 convolution channels, libm's `expf` against `silu_inplace`, and
+/// the greedy pick over the 35B's 248320 logits, one branch per logit against `argmax`.
 fn activations(c: &mut Criterion) {
     let level = SimdLevel::detect();
     let mut rng = Rng::new(4);
@@ -294,6 +295,21 @@ fn activations(c: &mut Criterion) {
             silu_inplace(level, &mut y);
             black_box(y[0])
         })
+    });
+    let logits = rng.vec(248_320, 4.0);
+    g.bench_function("argmax_248320/branch", |b| {
+        b.iter(|| {
+            let (mut best, mut best_v) = (0, f32::NEG_INFINITY);
+            for (i, &l) in black_box(&logits).iter().enumerate() {
+                if l > best_v {
+                    (best, best_v) = (i, l);
+                }
+            }
+            black_box(best)
+        })
+    });
+    g.bench_function("argmax_248320/argmax", |b| {
+        b.iter(|| black_box(brook_core::text::argmax(black_box(&logits))))
     });
     g.finish();
 }

@@ -65,6 +65,67 @@ fn greedy_is_argmax() {
     assert!(draws(k1, &l, 50).iter().all(|&id| id == want));
 }
 
+/// The first index of the largest non-NaN value, one branch per logit.
+fn argmax_plain(l: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in l.iter().enumerate() {
+        if !v.is_nan() && best.is_none_or(|(_, b)| v > b) {
+            best = Some((i, v));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
+}
+
+#[test]
+fn argmax_takes_the_first_largest_and_skips_nan() {
+    use brook_core::text::argmax;
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    for n in [0, 1, 2, 15, 16, 17, 63, 64, 65, 200, 1000, 4099] {
+        for case in 0..8 {
+            let mut l: Vec<f32> = (0..n)
+                .map(|_| (next() % 2000) as f32 / 100.0 - 10.0)
+                .collect();
+            if n > 0 {
+                let at = |r: u64| (r % n as u64) as usize;
+                match case {
+                    // Ties with the largest value, before and after it.
+                    1 => {
+                        let m = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                        let (a, b) = (at(next()), at(next()));
+                        (l[a], l[b]) = (m, m);
+                    }
+                    2 => l.iter_mut().for_each(|v| *v = f32::NAN),
+                    3 => {
+                        for _ in 0..n / 3 + 1 {
+                            let i = at(next());
+                            l[i] = f32::NAN;
+                        }
+                    }
+                    4 => l.iter_mut().for_each(|v| *v = f32::NEG_INFINITY),
+                    5 => {
+                        let i = at(next());
+                        l[i] = f32::INFINITY;
+                    }
+                    6 => l.iter_mut().for_each(|v| *v = 0.0),
+                    7 => {
+                        let i = at(next());
+                        (l[i], l[n - 1 - i]) = (0.0, -0.0);
+                        l.iter_mut().filter(|v| **v != 0.0).for_each(|v| *v = -1.0);
+                    }
+                    _ => {}
+                }
+            }
+            assert_eq!(argmax(&l), argmax_plain(&l), "n {n}, case {case}: {l:?}");
+        }
+    }
+}
+
 #[test]
 fn same_seed_same_draws_other_seed_other_draws() {
     let l = logits(500);

@@ -292,19 +292,34 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit; NaN loses to everything, ties go to the lower id.
+/// Index of the largest logit; NaN loses to everything, ties go to the lower id (0 when
+/// every logit is NaN).
+///
+/// Two passes the compiler vectorizes instead of one branch per logit (a 248320-word
+/// vocabulary took ~0.25 ms, about 0.4% of a fast decoded token): the largest value by
+/// `f32::max`, which skips NaN, in 16 lanes; then the first 64-logit block holding it, and its
+/// place there.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_v = f32::NEG_INFINITY;
-    let mut seen = false;
-    for (i, &l) in logits.iter().enumerate() {
-        if !l.is_nan() && (!seen || l > best_v) {
-            best = i;
-            best_v = l;
-            seen = true;
+    const LANES: usize = 16;
+    const BLOCK: usize = 64;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let mut chunks = logits.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (m, &v) in lanes.iter_mut().zip(c) {
+            *m = m.max(v);
         }
     }
-    best as u32
+    let best = chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    logits
+        .chunks(BLOCK)
+        .enumerate()
+        .find(|(_, c)| c.iter().fold(false, |hit, &v| hit | (v == best)))
+        .and_then(|(b, c)| c.iter().position(|&v| v == best).map(|i| b * BLOCK + i))
+        .unwrap_or(0) as u32
 }
 
 /// xoshiro256** 1.0 (Blackman & Vigna, 2018).
