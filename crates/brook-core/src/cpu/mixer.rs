@@ -125,14 +125,20 @@ pub fn delta_net(
     );
     let inv_scale = (dk as f32).powf(-0.5);
     let eps = 1e-6 / dk as f32;
+    let (cv, state) = (
+        SharedMut::new(&mut s.conv[..t * cd]),
+        SharedMut::new(conv_state),
+    );
+    let mut projections = [
+        (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
+        (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
+        (w.in_proj_b.view(), &mut s.b[..t * nv]),
+        (w.in_proj_a.view(), &mut s.a[..t * nv]),
+    ];
     if t == 1 {
         // One token: each run of projected channels goes through the causal depthwise conv
         // + SiLU on the thread that computed it, inside the projections' job; q and k are
         // normalised by the delta rule's job below, per head.
-        let (cv, state) = (
-            SharedMut::new(&mut s.conv[..cd]),
-            SharedMut::new(conv_state),
-        );
         let conv_now = |i: usize, ch: Range<usize>, y: &mut [f32]| {
             if i == 0 {
                 let y: &[f32] = y;
@@ -141,37 +147,13 @@ pub fn delta_net(
                 unsafe { conv_channels(level, conv_t, cd, kk, 1, ch, &state, |_| y, &cv) };
             }
         };
-        ex.linears_then(
-            x,
-            &mut s.xs,
-            &mut [
-                (w.in_proj_qkv.view(), &mut s.qkv[..cd]),
-                (w.in_proj_z.view(), &mut s.z[..nv * dv]),
-                (w.in_proj_b.view(), &mut s.b[..nv]),
-                (w.in_proj_a.view(), &mut s.a[..nv]),
-            ],
-            &conv_now,
-        )?;
+        ex.linears_then(x, &mut s.xs, &mut projections, &conv_now)?;
     } else {
-        ex.linears(
-            x,
-            t,
-            &mut s.xs,
-            &mut [
-                (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
-                (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
-                (w.in_proj_b.view(), &mut s.b[..t * nv]),
-                (w.in_proj_a.view(), &mut s.a[..t * nv]),
-            ],
-        )?;
+        ex.linears(x, t, &mut s.xs, &mut projections)?;
         // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by
         // channel in runs of whole heads; each run then normalises its q and k heads —
         // q = l2(q)/√dk, k = l2(k) (as rms norms with ε/dk).
         let qkv = &s.qkv;
-        let (cv, state) = (
-            SharedMut::new(&mut s.conv[..t * cd]),
-            SharedMut::new(conv_state),
-        );
         let chunks = Chunks::new(cd.div_ceil(dk), (512 / dk).max(1));
         ex.pool.run(&|_| {
             while let Some(hs) = chunks.claim() {
