@@ -314,6 +314,41 @@ fn activations(c: &mut Criterion) {
     g.finish();
 }
 
+/// The DeltaNet step over the 35B's 30 layers × 32 value heads of 128 × 128 state (63 MB in
+/// f32, 31 MB in bf16: out of cache, as in decode), on one thread; throughput counts the
+/// state bytes read (each is written back too).
+fn delta_step(c: &mut Criterion) {
+    use brook_core::cpu::delta;
+    let level = SimdLevel::detect();
+    let mut rng = Rng::new(5);
+    let (heads, dk, dv) = (30 * 32, 128, 128);
+    let mut g = c.benchmark_group("delta_step");
+    let (q, k, v) = (rng.vec(dk, 0.1), rng.vec(dk, 0.1), rng.vec(dv, 1.0));
+    let mut o = vec![0.0; dv];
+    let mut s32 = rng.vec(heads * dk * dv, 0.5);
+    g.throughput(Throughput::Bytes((s32.len() * 4) as u64));
+    g.bench_function(format!("35b_f32/{}", level.name()), |b| {
+        b.iter(|| {
+            for s in s32.chunks_exact_mut(dk * dv) {
+                delta::step(level, s, &q, &k, &v, -0.01, 0.5, &mut o);
+            }
+            black_box(o[0])
+        })
+    });
+    let mut s16: Vec<u16> = s32.iter().map(|&x| delta::bf16_bits(x)).collect();
+    drop(s32);
+    g.throughput(Throughput::Bytes((s16.len() * 2) as u64));
+    g.bench_function(format!("35b_bf16/{}", level.name()), |b| {
+        b.iter(|| {
+            for s in s16.chunks_exact_mut(dk * dv) {
+                delta::step_bf16(level, s, &q, &k, &v, -0.01, 0.5, &mut o);
+            }
+            black_box(o[0])
+        })
+    });
+    g.finish();
+}
+
 fn matmul(c: &mut Criterion) {
     let level = SimdLevel::detect();
     let mut rng = Rng::new(2);
@@ -360,6 +395,6 @@ fn matmul(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = config();
-    targets = memory_baseline, matvec, expert, attention, activations, matmul
+    targets = memory_baseline, matvec, expert, attention, activations, delta_step, matmul
 }
 criterion_main!(benches);

@@ -280,3 +280,84 @@ fn fast_matvec_propagates_nan() {
     matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..8);
     assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
 }
+
+/// One-token fast calls keep the DeltaNet states in bf16 (half the bytes a decoded token
+/// moves through them); every other reader gets f32 back: a prefill, the exact path, a saved
+/// copy. On an f32 model (whose products Fast leaves exact) the only difference from the
+/// exact path is that rounding: one step from the same state within 1e-2 relative L2 of the
+/// logits (the states' relative error is 2⁻⁹ per value).
+#[test]
+fn fast_decode_holds_the_recurrent_states_in_bf16() {
+    use brook_core::model::state::LayerState;
+    let model = Model::open(&fixture("next-f32")).expect("open");
+    let tokens = Reference::open("next-f32").ids("tokens");
+    let opts = |precision| CpuOptions {
+        threads: 2,
+        max_chunk: 8,
+        max_context: 64,
+        level: None,
+        precision,
+    };
+    let mut fast = CpuModel::new(&model, opts(Precision::Fast)).expect("cpu");
+    let mut exact = CpuModel::new(&model, opts(Precision::F32)).expect("cpu");
+    let mut st = fast.new_state(64);
+    fast.forward(&mut st, &tokens[..8], Logits::Last)
+        .expect("prefill");
+    assert!(st.device.is_none(), "a prefill keeps f32 states");
+    let mut st_exact = st.clone();
+    let want = exact
+        .forward(&mut st_exact, &tokens[8..9], Logits::Last)
+        .expect("exact step")
+        .to_vec();
+    let got = fast
+        .forward(&mut st, &tokens[8..9], Logits::Last)
+        .expect("fast step")
+        .to_vec();
+    assert!(st.device.is_some(), "one token holds the states in bf16");
+    let err = rel_l2(&got, &want);
+    println!("one step with bf16 states: logits rel L2 {err:.2e}");
+    assert!(err < 1e-2, "bf16 states moved the logits by {err:e}");
+
+    // A saved copy holds the bf16 values as f32, and the host's other state is live.
+    let host = st.host_copy().expect("host copy");
+    let mut linear = 0;
+    for l in &host.layers {
+        if let LayerState::Linear { ssm, .. } = l {
+            assert_eq!(ssm.len(), model.cfg.ssm_state_len());
+            assert!(ssm.iter().all(|x| x.to_bits() & 0xFFFF == 0));
+            linear += 1;
+        }
+    }
+    assert!(linear > 0);
+    assert_eq!(host.pos, 9);
+
+    // A clone decodes exactly as the original.
+    let mut c = st.clone();
+    let a = fast
+        .forward(&mut st, &tokens[9..10], Logits::Last)
+        .expect("step")
+        .to_vec();
+    let b = fast
+        .forward(&mut c, &tokens[9..10], Logits::Last)
+        .expect("step")
+        .to_vec();
+    assert_eq!(a, b);
+
+    // The exact path and a prefill continue from the held state in f32, alike.
+    let mut e = c.clone();
+    let want = exact
+        .forward(&mut e, &tokens[10..12], Logits::Last)
+        .expect("exact continues")
+        .to_vec();
+    assert!(e.device.is_none());
+    let got = fast
+        .forward(&mut st, &tokens[10..12], Logits::Last)
+        .expect("prefill after decode")
+        .to_vec();
+    assert!(
+        st.device.is_none(),
+        "a prefill brings the states back to f32"
+    );
+    let err = rel_l2(&got, &want);
+    assert!(err < 1e-5, "prefill after bf16 decode: {err:e}");
+}

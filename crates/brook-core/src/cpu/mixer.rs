@@ -20,7 +20,7 @@ use crate::cpu::ops::{
     silu_inplace,
 };
 use crate::cpu::pool::{Chunks, SharedMut};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::model::ops::{sigmoid, softplus};
 use crate::model::weights::{AttentionWeights, DeltaNetWeights};
 
@@ -67,7 +67,7 @@ impl MixerScratch {
         );
         let qw = nq * hd * if cfg.attn_output_gate { 2 } else { 1 };
         // One token's step also holds its key head's normalised q and k.
-        let dper = (delta::step_scratch(dv) + 2 * dk).max(delta::chunked_scratch(dk, dv));
+        let dper = (2 * dk).max(delta::chunked_scratch(dk, dv));
         MixerScratch {
             chunk,
             threads,
@@ -96,8 +96,16 @@ impl MixerScratch {
     }
 }
 
+/// A DeltaNet layer's recurrent state [nv, dk, dv]: f32, or bf16 bits (the fast path's
+/// one-token steps, see [`crate::cpu::state`]).
+#[derive(Debug)]
+pub enum Ssm<'a> {
+    F32(&'a mut [f32]),
+    Bf16(&'a mut [u16]),
+}
+
 /// One Gated DeltaNet layer on x [T, H] → out [T, H]; `conv_t` is conv1d transposed to
-/// [K, conv_dim].
+/// [K, conv_dim]. A bf16 state takes one token at a time.
 #[allow(clippy::too_many_arguments)]
 pub fn delta_net(
     ex: &Exec<'_>,
@@ -105,7 +113,7 @@ pub fn delta_net(
     cfg: &ModelConfig,
     conv_t: &[f32],
     conv_state: &mut [f32],
-    ssm: &mut [f32],
+    ssm: Ssm<'_>,
     x: &[f32],
     out: &mut [f32],
     s: &mut MixerScratch,
@@ -123,6 +131,11 @@ pub fn delta_net(
         nk * dk,
         ex.level,
     );
+    if t > 1 && matches!(ssm, Ssm::Bf16(_)) {
+        return Err(Error::Invalid(
+            "a bf16 DeltaNet state takes one token at a time".into(),
+        ));
+    }
     let inv_scale = (dk as f32).powf(-0.5);
     let eps = 1e-6 / dk as f32;
     let (cv, state) = (
@@ -187,7 +200,10 @@ pub fn delta_net(
 
     let (r, chunk, dper) = (nv / nk, s.chunk, s.dper);
     {
-        let st = SharedMut::new(ssm);
+        let (st, st16) = match ssm {
+            Ssm::F32(v) => (SharedMut::new(v), SharedMut::new(&mut [][..])),
+            Ssm::Bf16(v) => (SharedMut::new(&mut [][..]), SharedMut::new(v)),
+        };
         let o = SharedMut::new(&mut s.o[..]);
         let ds = SharedMut::new(&mut s.dscratch[..]);
         let (conv, g, beta, z, b) = (&s.conv, &s.g, &s.beta, &s.z, &s.b);
@@ -200,25 +216,29 @@ pub fn delta_net(
             while let Some(hs) = heads.claim() {
                 let h = hs.start;
                 let kh = h / r;
+                let at = h * dk * dv..(h + 1) * dk * dv;
                 // SAFETY: see above.
-                let (sh, oh) = unsafe {
-                    (
-                        st.slice(h * dk * dv..(h + 1) * dk * dv),
-                        o.slice(h * chunk * dv..(h * chunk + t) * dv),
-                    )
-                };
+                let oh = unsafe { o.slice(h * chunk * dv..(h * chunk + t) * dv) };
                 if t == 1 {
                     // q = l2(q)/√dk, k = l2(k) of the head's key head, as the chunks' conv
                     // job does in place (here a copy: two value heads share a key head).
                     let (q, rest) = scratch.split_at_mut(dk);
-                    let (k, rest) = rest.split_at_mut(dk);
+                    let (k, _) = rest.split_at_mut(dk);
                     q.copy_from_slice(&conv[kh * dk..][..dk]);
                     rms_norm_scaled_inplace(level, q, eps, inv_scale * inv_scale);
                     k.copy_from_slice(&conv[key_dim + kh * dk..][..dk]);
                     rms_norm_scaled_inplace(level, k, eps, inv_scale);
                     let v = &conv[2 * key_dim + h * dv..][..dv];
                     let (gh, bh) = (gate(h), sigmoid(b[h]));
-                    delta::step(level, sh, q, k, v, gh, bh, oh, rest);
+                    if st16.is_empty() {
+                        // SAFETY: see above.
+                        let sh = unsafe { st.slice(at) };
+                        delta::step(level, sh, q, k, v, gh, bh, oh);
+                    } else {
+                        // SAFETY: see above.
+                        let sh = unsafe { st16.slice(at) };
+                        delta::step_bf16(level, sh, q, k, v, gh, bh, oh);
+                    }
                 } else {
                     let rows = HeadRows {
                         q: &conv[kh * dk..],
@@ -232,6 +252,8 @@ pub fn delta_net(
                         dk,
                         dv,
                     };
+                    // SAFETY: see above (an f32 state: checked before the job).
+                    let sh = unsafe { st.slice(at) };
                     delta::chunked(level, &rows, t, sh, scratch, oh);
                 }
                 // The head's gated norm, token by token, into its columns of y.

@@ -12,7 +12,8 @@
 //! `avx512_tiles` for matrices stored in 16-row tiles; `avx512_attention` for attention's
 //! scores and weighted sums); `pool`
 //! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
-//! pool job); `mixer`, `moe`, `model` (the forward pass).
+//! pool job); `mixer`, `moe`, `model` (the forward pass); `state` (the fast path's bf16
+//! recurrent states).
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
@@ -39,6 +40,7 @@ pub mod pool;
 pub mod qmatmul;
 pub mod qmatvec;
 pub mod simd;
+pub mod state;
 #[doc(hidden)]
 pub mod testutil;
 mod xprep;

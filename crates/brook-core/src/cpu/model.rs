@@ -11,10 +11,11 @@
 
 use crate::config::LayerKind;
 use crate::cpu::exec::{Exec, XScratch};
-use crate::cpu::mixer::{self, MixerScratch};
+use crate::cpu::mixer::{self, MixerScratch, Ssm};
 use crate::cpu::moe::{self, MoeScratch};
 use crate::cpu::ops::{add, rms_norm_rows};
 use crate::cpu::qmatvec::check;
+use crate::cpu::state::Bf16Ssm;
 use crate::cpu::{CpuPool, Precision, SimdLevel};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
@@ -210,7 +211,13 @@ impl<'m> CpuModel<'m> {
         let cfg = &self.model.cfg;
         let (h, v) = (cfg.hidden_size, cfg.vocab_size);
         crate::model::check_tokens(tokens, v)?;
-        state.sync_host()?;
+        if self.opts.precision == Precision::Fast && tokens.len() == 1 {
+            // One token at a time, the fast path keeps the recurrent states in bf16.
+            Bf16Ssm::hold(state)?;
+        } else {
+            Bf16Ssm::release(state);
+            state.sync_host()?;
+        }
         self.check_state(state)?;
         let n_logits = want.len(tokens.len(), v);
         if self.logits.len() < n_logits {
@@ -247,22 +254,29 @@ impl<'m> CpuModel<'m> {
         Ok(&self.logits[..n_logits])
     }
 
-    fn check_state(&self, state: &SeqState) -> Result<()> {
+    fn check_state(&self, state: &mut SeqState) -> Result<()> {
         let cfg = &self.model.cfg;
         let fresh = |i: usize| {
             Error::Invalid(format!(
                 "state does not fit layer {i}: make it with new_state"
             ))
         };
-        if state.layers.len() != cfg.num_hidden_layers {
-            return Err(fresh(state.layers.len()));
+        let SeqState {
+            pos,
+            layers,
+            device,
+        } = state;
+        let held = Bf16Ssm::in_slot(device).map(|h| &h.layers);
+        if layers.len() != cfg.num_hidden_layers || held.is_some_and(|h| h.len() != layers.len()) {
+            return Err(fresh(layers.len()));
         }
         let (conv, ssm) = (cfg.conv_state_len(), cfg.ssm_state_len());
-        let kv = state.pos * cfg.num_key_value_heads * cfg.head_dim;
-        for (i, (l, kind)) in state.layers.iter().zip(&cfg.layer_types).enumerate() {
+        let kv = *pos * cfg.num_key_value_heads * cfg.head_dim;
+        for (i, (l, kind)) in layers.iter().zip(&cfg.layer_types).enumerate() {
             let ok = match (l, kind) {
                 (LayerState::Linear { conv: c, ssm: s }, LayerKind::Linear) => {
-                    c.len() == conv && s.len() == ssm
+                    let s_len = held.map_or(s.len(), |h| h[i].len());
+                    c.len() == conv && s_len == ssm
                 }
                 (LayerState::Full { keys, values }, LayerKind::Full) => {
                     keys.len() == kv && values.len() == kv
@@ -304,7 +318,9 @@ impl<'m> CpuModel<'m> {
             f(Stage::Embed(x));
         }
         let pos0 = state.pos;
-        for (i, (layer, ls)) in model.dense.layers.iter().zip(&mut state.layers).enumerate() {
+        let SeqState { layers, device, .. } = state;
+        let mut held = Bf16Ssm::in_slot(device);
+        for (i, (layer, ls)) in model.dense.layers.iter().zip(layers).enumerate() {
             // The layer's likely experts, guessed from the stream entering it (the embedding
             // for layer 0), read while its mixer computes.
             if model.prefetch && t == 1 {
@@ -320,7 +336,10 @@ impl<'m> CpuModel<'m> {
                     cfg,
                     &self.conv_t[i],
                     conv,
-                    ssm,
+                    match held.as_mut() {
+                        Some(h) => Ssm::Bf16(&mut h.layers[i]),
+                        None => Ssm::F32(ssm),
+                    },
                     normed,
                     delta,
                     &mut self.mix,

@@ -61,6 +61,22 @@ impl SimdLevel {
         })
     }
 
+    /// Whether this CPU has AVX-512 BF16 (`vcvtneps2bf16`), used by the fast path's bf16
+    /// recurrent states ([`crate::cpu::delta::step_bf16`]).
+    pub fn has_avx512_bf16() -> bool {
+        static BF16: OnceLock<bool> = OnceLock::new();
+        *BF16.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                SimdLevel::Avx512.is_supported() && is_x86_feature_detected!("avx512bf16")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
+    }
+
     /// Short lowercase name, as used in benchmark ids.
     pub fn name(self) -> &'static str {
         match self {

@@ -26,7 +26,9 @@ pub enum Precision {
     /// with `vpdpbusd`, two instructions per 64 weight bytes (Split24: six). Scales, biases and the bias
     /// term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a row's error is
     /// bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX-512 VNNI; elsewhere, and for
-    /// widths other than 4 bits, it runs as `F32`.
+    /// widths other than 4 bits, the products run as `F32`. [`crate::cpu::CpuModel`] also
+    /// keeps the DeltaNet states in bf16 while it decodes at this precision
+    /// ([`crate::cpu::state`]).
     Fast,
 }
 

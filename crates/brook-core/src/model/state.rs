@@ -20,13 +20,15 @@ pub enum LayerState {
     },
 }
 
-/// A sequence state held in an accelerator's memory (the CUDA backend's KV cache and
-/// recurrent state). While a [`SeqState`] carries one, its host `layers` are stale; see
+/// A sequence state held elsewhere than the host layout: in an accelerator's memory (the CUDA
+/// backend's KV cache and recurrent states), or in another form (the CPU fast path's bf16
+/// recurrent states, `crate::cpu::state`). While a [`SeqState`] carries one, the parts of its
+/// host `layers` that the holder writes back in [`DeviceState::download`] are stale; see
 /// [`SeqState::sync_host`].
 pub trait DeviceState: Send + Sync + std::fmt::Debug {
     /// A copy in device memory (conversation snapshots clone states).
     fn duplicate(&self) -> Result<Box<dyn DeviceState>>;
-    /// Writes the state into host `layers` (the reference layout) for `pos` tokens.
+    /// Writes the state it holds into host `layers` (the reference layout) for `pos` tokens.
     fn download(&self, layers: &mut [LayerState], pos: usize) -> Result<()>;
     /// For the backend that made it, to find its own type again.
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
@@ -53,7 +55,7 @@ impl DeviceState for LostState {
 pub struct SeqState {
     /// Tokens consumed so far (the next token's position).
     pub pos: usize,
-    /// The state in the reference layout; stale while `device` holds it.
+    /// The state in the reference layout; what `device` holds is stale here.
     pub layers: Vec<LayerState>,
     /// The state in an accelerator's memory, when a GPU backend holds it.
     pub device: Option<Box<dyn DeviceState>>,
