@@ -2,7 +2,8 @@
 //!
 //! A counting global allocator (this test binary only) counts every `alloc`/`realloc` made by
 //! any thread while a flag is set; after a prefill and two warm-up steps, 20 one-token steps
-//! with `Logits::Last` must count zero. The state's KV cache is reserved by `new_state`.
+//! with `Logits::Last` must count zero. The state's KV cache is reserved by `new_state`; the
+//! first fast step after a prefill allocates the bf16 recurrent states (`cpu/state.rs`).
 
 mod common;
 

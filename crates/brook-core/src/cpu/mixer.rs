@@ -200,6 +200,8 @@ pub fn delta_net(
 
     let (r, chunk, dper) = (nv / nk, s.chunk, s.dper);
     {
+        // One of the two is the state, the other empty.
+        let bf16 = matches!(ssm, Ssm::Bf16(_));
         let (st, st16) = match ssm {
             Ssm::F32(v) => (SharedMut::new(v), SharedMut::new(&mut [][..])),
             Ssm::Bf16(v) => (SharedMut::new(&mut [][..]), SharedMut::new(v)),
@@ -230,14 +232,14 @@ pub fn delta_net(
                     rms_norm_scaled_inplace(level, k, eps, inv_scale);
                     let v = &conv[2 * key_dim + h * dv..][..dv];
                     let (gh, bh) = (gate(h), sigmoid(b[h]));
-                    if st16.is_empty() {
-                        // SAFETY: see above.
-                        let sh = unsafe { st.slice(at) };
-                        delta::step(level, sh, q, k, v, gh, bh, oh);
-                    } else {
+                    if bf16 {
                         // SAFETY: see above.
                         let sh = unsafe { st16.slice(at) };
                         delta::step_bf16(level, sh, q, k, v, gh, bh, oh);
+                    } else {
+                        // SAFETY: see above.
+                        let sh = unsafe { st.slice(at) };
+                        delta::step(level, sh, q, k, v, gh, bh, oh);
                     }
                 } else {
                     let rows = HeadRows {
