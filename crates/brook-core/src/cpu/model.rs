@@ -215,7 +215,6 @@ impl<'m> CpuModel<'m> {
             // One token at a time, the fast path keeps the recurrent states in bf16.
             Bf16Ssm::hold(state)?;
         } else {
-            Bf16Ssm::release(state);
             state.sync_host()?;
         }
         self.check_state(state)?;

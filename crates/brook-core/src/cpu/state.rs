@@ -4,7 +4,8 @@
 //! [`SeqState`]'s `device` slot while [`crate::cpu::CpuModel`] decodes at
 //! [`crate::cpu::Precision::Fast`]. Every other reader of a state (a prefill, the exact path,
 //! the reference, a save, another backend) gets f32 back through [`DeviceState::download`]
-//! (`SeqState::sync_host`, `host_copy`), as it would from a GPU. While a holder is in place the
+//! (`SeqState::sync_host`, `host_copy`), as it would from a GPU; `sync_host` frees the bf16
+//! layers as it goes. While a holder is in place the
 //! host `ssm` vectors are empty (their memory is given back) and everything else in the host
 //! layers (conv windows, keys and values) stays live. It must not change any state's f32
 //! layout or what the exact path computes.
@@ -52,25 +53,6 @@ impl Bf16Ssm {
     }
 }
 
-impl Bf16Ssm {
-    /// Brings `state`'s recurrent states back to f32 and drops the holder, if it carries one:
-    /// as `sync_host`, but giving each layer's bf16 memory back as its f32 state is made, so
-    /// the state never holds much more than its f32 size (a budget counts that).
-    pub fn release(state: &mut SeqState) {
-        let SeqState { layers, device, .. } = state;
-        let Some(held) = Self::in_slot(device) else {
-            return;
-        };
-        for (l, bits) in layers.iter_mut().zip(&mut held.layers) {
-            if let LayerState::Linear { ssm, .. } = l {
-                let bits = std::mem::take(bits);
-                *ssm = bits.iter().map(|&b| bf16_to_f32(b)).collect();
-            }
-        }
-        *device = None;
-    }
-}
-
 impl DeviceState for Bf16Ssm {
     fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
         Ok(Box::new(self.clone()))
@@ -80,15 +62,29 @@ impl DeviceState for Bf16Ssm {
     /// other layers' host state is live and left alone.
     fn download(&self, layers: &mut [LayerState], _pos: usize) -> Result<()> {
         for (l, bits) in layers.iter_mut().zip(&self.layers) {
-            if let LayerState::Linear { ssm, .. } = l {
-                ssm.clear();
-                ssm.extend(bits.iter().map(|&b| bf16_to_f32(b)));
-            }
+            write_f32(l, bits);
+        }
+        Ok(())
+    }
+
+    /// As `download`, giving each layer's bf16 memory back once its f32 state is written, so
+    /// the state never holds much more than its f32 size (a budget counts that).
+    fn download_and_release(&mut self, layers: &mut [LayerState], _pos: usize) -> Result<()> {
+        for (l, bits) in layers.iter_mut().zip(&mut self.layers) {
+            write_f32(l, &std::mem::take(bits));
         }
         Ok(())
     }
 
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
         self
+    }
+}
+
+/// A DeltaNet layer's host state set to the f32 values of `bits` (other layers untouched).
+fn write_f32(l: &mut LayerState, bits: &[u16]) {
+    if let LayerState::Linear { ssm, .. } = l {
+        ssm.clear();
+        ssm.extend(bits.iter().map(|&b| bf16_to_f32(b)));
     }
 }

@@ -30,6 +30,13 @@ pub trait DeviceState: Send + Sync + std::fmt::Debug {
     fn duplicate(&self) -> Result<Box<dyn DeviceState>>;
     /// Writes the state it holds into host `layers` (the reference layout) for `pos` tokens.
     fn download(&self, layers: &mut [LayerState], pos: usize) -> Result<()>;
+    /// [`DeviceState::download`] for a holder dropped right after ([`SeqState::sync_host`]):
+    /// it may give its own memory back as it writes, so that the two copies are never whole
+    /// at once. Afterwards the holder is only dropped; on an error it is kept, so a holder
+    /// that frees as it writes must not fail after freeing.
+    fn download_and_release(&mut self, layers: &mut [LayerState], pos: usize) -> Result<()> {
+        self.download(layers, pos)
+    }
     /// For the backend that made it, to find its own type again.
     fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
 }
@@ -57,7 +64,8 @@ pub struct SeqState {
     pub pos: usize,
     /// The state in the reference layout; what `device` holds is stale here.
     pub layers: Vec<LayerState>,
-    /// The state in an accelerator's memory, when a GPU backend holds it.
+    /// The state, or part of it, held elsewhere: a GPU backend's memory, or the CPU fast
+    /// path's bf16 recurrent states.
     pub device: Option<Box<dyn DeviceState>>,
 }
 
@@ -136,8 +144,8 @@ impl SeqState {
     /// Brings a device-held state back into `layers` and lets go of the device copy, so the
     /// CPU paths can continue the sequence.
     pub fn sync_host(&mut self) -> Result<()> {
-        if let Some(d) = self.device.take()
-            && let Err(e) = d.download(&mut self.layers, self.pos)
+        if let Some(mut d) = self.device.take()
+            && let Err(e) = d.download_and_release(&mut self.layers, self.pos)
         {
             self.device = Some(d);
             return Err(e);
