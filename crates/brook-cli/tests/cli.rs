@@ -180,34 +180,40 @@ fn peak_rss_stays_under_a_small_budget() {
     let dir = tempfile::tempdir().expect("tempdir");
     let c = mid_container(dir.path());
     let budget: u64 = 100 << 20;
-    let out = brook()
-        .args(["generate", "--model"])
-        .arg(&c)
-        .args(["--memory-budget", "100MiB", "--context", "256"])
-        .args([
-            "--prompt-tokens",
-            "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
-        ])
-        .args(["--max-tokens", "8", "--json"])
-        .output()
-        .expect("run");
-    succeeded(&out);
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let peak = v["peak_rss_bytes"].as_u64().expect("peak");
-    let cache = &v["cache"];
-    assert!(
-        cache["misses"].as_u64().expect("misses") > 0,
-        "must stream: {cache}"
-    );
-    assert!(
-        cache["evictions"].as_u64().expect("evictions") > 0,
-        "cache must be full: {cache}"
-    );
-    assert!(peak < budget, "VmHWM {peak} over the budget {budget}");
+    let run = |fill: bool| {
+        let mut cmd = brook();
+        cmd.args(["generate", "--model"])
+            .arg(&c)
+            .args(["--memory-budget", "100MiB", "--context", "256"])
+            .args([
+                "--prompt-tokens",
+                "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20",
+            ])
+            .args(["--max-tokens", "8", "--json"]);
+        if fill {
+            cmd.arg("--fill-cache");
+        }
+        let out = cmd.output().expect("run");
+        succeeded(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let n = |k: &str| v["cache"][k].as_u64().unwrap_or_else(|| panic!("{k}: {v}"));
+        let peak = v["peak_rss_bytes"].as_u64().expect("peak");
+        assert!(n("misses") > 0, "must stream: {v}");
+        assert!(peak < budget, "VmHWM {peak} over the budget {budget}");
+        (peak, n("evictions"), n("slots"), n("slots_max"))
+    };
+    // Every slot the budget pays for, taken from the start.
+    let (peak, evictions, slots, max) = run(true);
+    assert!(evictions > 0, "the cache must be full");
+    assert_eq!(slots, max);
     assert!(
         peak > budget / 2,
         "VmHWM {peak}: the budget should be used, not ignored"
     );
+    // The default starts smaller and may grow to the same ceiling.
+    let (_, _, slots, grown_max) = run(false);
+    assert_eq!(grown_max, max);
+    assert!(slots <= max && slots >= 72, "{slots} slots of {max}");
 }
 
 #[test]

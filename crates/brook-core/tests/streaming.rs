@@ -293,3 +293,60 @@ fn cpu_decode_with_prefetch_is_bit_identical_and_reads_ahead() {
         assert_eq!(off.experts.stats().expect("a cache").prefetches, 0);
     }
 }
+
+/// A cache that starts on a few of its slots and takes the rest mid-run, once the larger cache
+/// would have read less, gives the same bits as the resident model.
+#[test]
+fn a_cache_growing_mid_run_changes_only_its_reads() {
+    use brook_core::container::Container;
+    use brook_core::experts::ExpertCache;
+    use brook_core::experts::store::ExpertStore;
+    for name in MODELS {
+        let dir = tempfile::tempdir().expect("tmp");
+        let c = dir.path().join("c");
+        container(name, &c);
+        let tokens = Reference::open(name).ids("tokens");
+        // Slots in use after the prompt, and the logits.
+        let decode = |m: &Model| {
+            let mut st = m.new_state();
+            let mut logits = m
+                .forward(&mut st, &tokens, Logits::Last, None)
+                .expect("prefill");
+            let after_prompt = m.experts.stats().map(|s| s.slots);
+            let mut out = logits.clone();
+            for _ in 0..24 {
+                logits = m
+                    .forward(&mut st, &[argmax(&logits)], Logits::Last, None)
+                    .expect("step");
+                out.extend_from_slice(&logits);
+            }
+            (after_prompt, out)
+        };
+        let want = decode(&Model::open(&fixture(name)).expect("resident")).1;
+        let mut m = open(&c, 3);
+        let ct = Container::open(&c).expect("container");
+        let stride = ct.manifest.experts.layers.iter().map(|l| l.stride).max();
+        let (k, layers) = (m.cfg.num_experts_per_tok, m.cfg.num_hidden_layers);
+        let total = m.cfg.num_experts * layers;
+        let cache = ExpertCache::new(
+            ExpertStore::open(&ct).expect("store"),
+            ct.layouts.clone(),
+            stride.expect("experts") as usize,
+            m.cfg.num_experts,
+            total,
+            3,
+        );
+        cache.grow_on_demand(k, k * layers);
+        assert_eq!(cache.slots(), k);
+        m.experts = Box::new(cache);
+        let (after_prompt, got) = decode(&m);
+        assert_eq!(got, want, "{name}");
+        assert_eq!(after_prompt, Some(k as u64), "{name}: grew before decode");
+        let s = m.experts.stats().expect("a cache");
+        assert_eq!(
+            (s.slots, s.slots_max),
+            (total as u64, total as u64),
+            "{name}: {s:?}"
+        );
+    }
+}

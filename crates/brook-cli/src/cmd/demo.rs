@@ -64,6 +64,7 @@ pub fn run(a: Args) -> Result<()> {
         model: dir.clone(),
         memory_budget: Some(a.memory_budget.clone()),
         expert_cache: None,
+        fill_cache: false,
         context: 4096,
         prefill_chunk: brook_core::model::open::PREFILL_CHUNK,
         no_prefetch: false,
@@ -74,15 +75,14 @@ pub fn run(a: Args) -> Result<()> {
     };
     let model = std::sync::Arc::new(brook_core::Model::open_with(&dir, &args.options()?)?);
     let mut runner = super::Runner::new(&model, &args)?;
+    let total = model.cfg.num_experts * model.cfg.num_hidden_layers;
+    let (slots, max) = model
+        .experts
+        .stats()
+        .map_or((total, total), |s| (s.slots as usize, s.slots_max as usize));
     println!(
-        "{} (random weights, real shapes) streaming under {}: {} expert slots of {}",
-        a.preset,
-        a.memory_budget,
-        model
-            .experts
-            .capacity()
-            .min(model.cfg.num_experts * model.cfg.num_hidden_layers),
-        model.cfg.num_experts * model.cfg.num_hidden_layers
+        "{} (random weights, real shapes) streaming under {}: {slots} expert slots of the {max} the budget pays for ({total} experts; the cache takes more once that pays)",
+        a.preset, a.memory_budget,
     );
     let prompt: Vec<u32> = vec![9707, 11, 1879, 0, 151644, 872, 198];
     let mut st = runner.new_state(4096);

@@ -67,6 +67,11 @@ pub struct ModelArgs {
     /// Number of expert slots, overriding the budget's choice (for experiments).
     #[arg(long, value_name = "N")]
     pub expert_cache: Option<usize>,
+    /// Take every expert slot the budget pays for from the start. By default the cache starts
+    /// on one token's worth (top-k x layers) and takes the rest of the budget only once that
+    /// would read at least a tenth fewer experts; memory it does not take stays free.
+    #[arg(long)]
+    pub fill_cache: bool,
     /// Longest sequence (prompt + generation) to size the state for.
     #[arg(long, default_value_t = 4096)]
     pub context: usize,
@@ -142,6 +147,7 @@ impl ModelArgs {
             context: self.context,
             prefill_chunk: self.prefill_chunk,
             prefetch: !self.no_prefetch,
+            fill_cache: self.fill_cache,
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,
                 "fast" => Precision::Fast,

@@ -6,6 +6,12 @@
 //! issued at once to a pool of I/O threads; [`ExpertData::wait`] blocks on one slot, so the
 //! caller computes the shared expert and the hits while the misses land. The cache changes
 //! speed, never results: a slot holds exactly the bytes of the container's blob.
+//!
+//! A cache may start on part of its slots and take the rest only once that pays
+//! ([`ExpertCache::grow_on_demand`]): two shadow directories, one as large as the slots in use
+//! and one as large as all of them, replay the demand requests under the same eviction and
+//! count what each would have read. Slot memory is resident only once read into, so slots
+//! the cache never takes cost no memory.
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -14,6 +20,7 @@ use std::time::Instant;
 use crate::aligned::AlignedBuf;
 use crate::container::ExpertLayout;
 use crate::error::{Error, Result};
+use crate::experts::grow::{GROW_MIN_SAVING, GROW_WINDOW_TOKENS, Growth};
 use crate::experts::store::ExpertStore;
 use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 
@@ -31,6 +38,10 @@ pub struct CacheStats {
     pub prefetches: u64,
     /// Prefetched experts that a later request used.
     pub prefetch_hits: u64,
+    /// Slots in use now (a cache growing on demand may not have taken them all yet).
+    pub slots: u64,
+    /// Slots the cache may grow to.
+    pub slots_max: u64,
 }
 
 impl CacheStats {
@@ -45,6 +56,8 @@ impl CacheStats {
             evictions: self.evictions - earlier.evictions,
             prefetches: self.prefetches - earlier.prefetches,
             prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
+            slots: self.slots,
+            slots_max: self.slots_max,
         }
     }
 
@@ -99,6 +112,9 @@ struct State {
     busy_since: Option<Instant>,
     stats: CacheStats,
     shutdown: bool,
+    /// Slots `0..active` are in use; the rest are taken when [`Growth`] decides it pays.
+    active: usize,
+    growth: Option<Growth>,
 }
 
 /// Slot memory: one mapping for every slot, `pitch` bytes apart, on huge pages
@@ -221,6 +237,8 @@ impl ExpertCache {
             busy_since: None,
             stats: CacheStats::default(),
             shutdown: false,
+            active: slots,
+            growth: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -248,7 +266,6 @@ impl ExpertCache {
         }
     }
 
-    /// Number of slots.
     /// Has every expert read from now on moved into 16-row tiles in its slot by the I/O
     /// thread that read it, for the CPU backend's VNNI kernels. Meant for a cache that holds
     /// every expert (streamed, the move's extra pass over each read slowed decode by a
@@ -259,8 +276,30 @@ impl ExpertCache {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Slots in use now.
     pub fn slots(&self) -> usize {
+        self.shared.lock().active
+    }
+
+    /// Slots the cache may grow to.
+    pub fn max_slots(&self) -> usize {
         self.shared.bufs.count
+    }
+
+    /// Has the cache start on `start` of its slots, one token requesting `per_token` experts
+    /// (top-k x layers), and take all of them once, over the last 8 tokens' requests, a cache
+    /// that large would have read at least [`GROW_MIN_SAVING`] fewer experts than the slots in
+    /// use did (and at least one a token fewer). It never shrinks. Call it before the first
+    /// fetch; a `start` at or above the slot count changes nothing.
+    pub fn grow_on_demand(&self, start: usize, per_token: usize) {
+        let mut st = self.shared.lock();
+        let total = st.slots.len();
+        if start >= total {
+            return;
+        }
+        let (layers, experts) = (st.map.len(), self.num_experts);
+        st.active = start.max(1);
+        st.growth = Some(Growth::new(st.active, total, layers, experts, per_token));
     }
 
     /// Whether reads bypass the page cache.
@@ -268,11 +307,11 @@ impl ExpertCache {
         self.shared.store.direct
     }
 
-    /// Picks a slot for a new expert: empty first, else the unpinned ready slot with the
-    /// lowest (use count, last use).
+    /// Picks a slot in use for a new expert: empty first, else the unpinned ready slot with
+    /// the lowest (use count, last use).
     fn victim(st: &State) -> Option<usize> {
         let mut best: Option<(u32, u64, usize)> = None;
-        for (i, s) in st.slots.iter().enumerate() {
+        for (i, s) in st.slots[..st.active].iter().enumerate() {
             match s.status {
                 Status::Empty | Status::Failed(_) if s.pins == 0 => return Some(i),
                 Status::Ready if s.pins == 0 => {
@@ -389,6 +428,24 @@ impl ExpertSource for ExpertCache {
             }
             slots.push(slot);
         }
+        let grow = match &mut *st {
+            State {
+                growth: Some(g),
+                counts,
+                ..
+            } => g.request(layer, ids, counts, tick),
+            _ => false,
+        };
+        if grow {
+            let total = st.slots.len();
+            tracing::info!(
+                "expert cache grows from {} to {total} slots: over the last {GROW_WINDOW_TOKENS} tokens that many would have read at least {:.0}% fewer experts",
+                st.active,
+                GROW_MIN_SAVING * 100.0
+            );
+            st.active = total;
+            st.growth = None;
+        }
         let mut queued = false;
         for (i, &e) in ids.iter().enumerate() {
             if slots[i].is_some() {
@@ -397,16 +454,24 @@ impl ExpertSource for ExpertCache {
             let mut victim = Self::victim(&st);
             // Unpinned slots still loading (prefetches) free up soon: wait for them.
             while victim.is_none()
-                && st
-                    .slots
+                && st.slots[..st.active]
                     .iter()
                     .any(|m| m.pins == 0 && m.status == Status::Loading)
             {
                 st = s.loaded.wait(st).unwrap_or_else(|p| p.into_inner());
                 victim = Self::victim(&st);
             }
+            // More experts pinned at once than the slots in use hold: take one more slot.
+            if victim.is_none() && st.active < st.slots.len() {
+                st.active += 1;
+                let active = st.active;
+                if let Some(g) = st.growth.as_mut() {
+                    g.resize_small(active);
+                }
+                victim = Self::victim(&st);
+            }
             let Some(slot) = victim else {
-                let n = st.slots.len();
+                let n = st.active;
                 for s in slots.iter().flatten() {
                     st.slots[*s].pins -= 1;
                 }
@@ -462,7 +527,12 @@ impl ExpertSource for ExpertCache {
     }
 
     fn stats(&self) -> Option<CacheStats> {
-        Some(self.shared.lock().stats)
+        let st = self.shared.lock();
+        Some(CacheStats {
+            slots: st.active as u64,
+            slots_max: st.slots.len() as u64,
+            ..st.stats
+        })
     }
 
     fn capacity(&self) -> usize {

@@ -3,7 +3,8 @@
 //! The budget is split before anything large is allocated (see [`crate::experts::budget`]): a
 //! budget that cannot hold the dense core is refused naming the minimum; one that holds every
 //! expert loads them all and nothing streams; anything between gets a cache of as many slots
-//! as fit.
+//! as fit, which starts on one token's worth of them and takes the rest once that pays
+//! ([`OpenOptions::fill_cache`]).
 
 use std::path::Path;
 
@@ -26,6 +27,11 @@ pub struct OpenOptions {
     pub memory_budget: Option<u64>,
     /// Exact number of expert slots (overrides the budget's choice).
     pub expert_cache: Option<usize>,
+    /// Take every slot the budget pays for from the start. By default a streaming cache
+    /// starts on one token's worth of slots (top-k x layers, at least a layer's experts) and
+    /// takes the rest of the budget only once it would read a tenth fewer experts
+    /// ([`ExpertCache::grow_on_demand`]); memory it does not take stays free.
+    pub fill_cache: bool,
     /// Longest sequence the state is sized for.
     pub context: usize,
     /// Tokens per prefill chunk.
@@ -93,6 +99,7 @@ impl Default for OpenOptions {
         OpenOptions {
             memory_budget: None,
             expert_cache: None,
+            fill_cache: false,
             context: 4096,
             prefill_chunk: PREFILL_CHUNK,
             io_threads: 8,
@@ -240,21 +247,27 @@ impl Model {
             let held = crate::model::moe::ResidentExperts { layers };
             Box::new(ResidentCache { cache, held })
         } else {
-            tracing::info!(
-                "streaming experts through {slots} slots of {} ({} of {total})",
-                budget::fmt_bytes(stride),
-                slots
-            );
-            // Streamed experts stay in rows: the one-token kernels read both orders at the
-            // same speed class and to the same bits, and the I/O threads only read.
-            Box::new(ExpertCache::new(
+            let cache = ExpertCache::new(
                 store,
                 c.layouts.clone(),
                 stride as usize,
                 cfg.num_experts,
                 slots,
                 opts.io_threads,
-            ))
+            );
+            // Streamed experts stay in rows: the one-token kernels read both orders at the
+            // same speed class and to the same bits, and the I/O threads only read.
+            let k = cfg.num_experts_per_tok;
+            if !opts.fill_cache && opts.expert_cache.is_none() {
+                let start = (k * cfg.num_hidden_layers).max(cfg.num_experts + k);
+                cache.grow_on_demand(start, k * cfg.num_hidden_layers);
+            }
+            tracing::info!(
+                "streaming experts through {} of up to {slots} slots of {} ({total} experts)",
+                cache.slots(),
+                budget::fmt_bytes(stride),
+            );
+            Box::new(cache)
         };
         Ok(Model {
             cfg,

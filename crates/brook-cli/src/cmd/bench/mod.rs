@@ -68,7 +68,11 @@ pub struct Row {
     #[serde(default)]
     pub precision: String,
     pub prefetch: bool,
+    /// Expert slots in use at the end of the run.
     pub expert_slots: Option<usize>,
+    /// Slots the budget pays for (the cache grows to them once that pays; `--fill-cache`).
+    #[serde(default)]
+    pub expert_slots_max: Option<usize>,
     pub n_prompt: usize,
     pub n_gen: usize,
     /// Context tokens before the decode test (`--depth`).
@@ -232,6 +236,9 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     }
     if a.model.no_prefetch {
         cmd.arg("--no-prefetch");
+    }
+    if a.model.fill_cache {
+        cmd.arg("--fill-cache");
     }
     cmd.args(["--precision", &a.model.precision]);
     let out = cmd.output().context("running a bench child")?;
@@ -477,6 +484,7 @@ fn run_one(a: &Args) -> Result<Row> {
             .stats()
             .map(|_| model.experts.capacity())
             .filter(|&c| c != usize::MAX),
+        expert_slots_max: model.experts.stats().map(|s| s.slots_max as usize),
         n_prompt: a.n_prompt,
         n_gen: a.n_gen,
         depth: a.depth,

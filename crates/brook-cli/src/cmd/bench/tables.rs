@@ -51,7 +51,11 @@ pub(super) fn print_tables(rows: &[Row]) {
     println!("| --- | ---: | ---: | ---: | ---: | ---: | ---: |");
     for r in rows {
         let budget = r.budget_bytes.map_or("auto".to_string(), fmt_bytes);
-        let slots = r.expert_slots.map_or("all".to_string(), |s| s.to_string());
+        let slots = match (r.expert_slots, r.expert_slots_max) {
+            (None, _) => "all".to_string(),
+            (Some(s), Some(m)) if m > s => format!("{s} of {m}"),
+            (Some(s), _) => s.to_string(),
+        };
         for (test, m, sd) in [
             (format!("pp{}", r.n_prompt), r.pp_tok_s, r.pp_tok_s_sd),
             (tg_name(r), r.tg_tok_s, r.tg_tok_s_sd),
