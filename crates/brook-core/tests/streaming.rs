@@ -342,7 +342,13 @@ fn a_cache_growing_mid_run_changes_only_its_reads() {
         let (after_prompt, got) = decode(&m);
         assert_eq!(got, want, "{name}");
         assert_eq!(after_prompt, Some(k as u64), "{name}: grew before decode");
-        let s = m.experts.stats().expect("a cache");
+        // The grower thread puts the new slots in use a batch at a time.
+        let t = std::time::Instant::now();
+        let mut s = m.experts.stats().expect("a cache");
+        while s.slots < total as u64 && t.elapsed().as_secs() < 30 {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            s = m.experts.stats().expect("a cache");
+        }
         assert_eq!(
             (s.slots, s.slots_max),
             (total as u64, total as u64),

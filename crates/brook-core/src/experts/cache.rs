@@ -115,7 +115,14 @@ struct State {
     /// Slots `0..active` are in use; the rest are taken when [`Growth`] decides it pays.
     active: usize,
     growth: Option<Growth>,
+    /// Slots the cache is growing to (`active` when it is not): the grower thread brings
+    /// `active..grow_to` into memory a batch at a time and puts each batch in use.
+    grow_to: usize,
+    grower: Option<std::thread::JoinHandle<()>>,
 }
+
+/// Slots the grower brings into memory before putting them in use (about 56 MB of the 35B's).
+const GROW_BATCH: usize = 32;
 
 /// Slot memory: one mapping for every slot, `pitch` bytes apart, on huge pages
 /// ([`AlignedBuf`]), resident only as slots are first read into. A slot's bytes are written
@@ -130,8 +137,9 @@ struct SlotBufs {
 }
 
 // SAFETY: access follows the slot protocol: a slot's bytes are written only while its slot is
-// Loading (by exactly one I/O thread) and read only while Ready and pinned, both decided under
-// the state mutex, so no reader and writer of one slot ever overlap, and slots are disjoint.
+// Loading (by exactly one I/O thread) or before the slot is in use (by the grower), and read
+// only while Ready and pinned, all decided under the state mutex, so no reader and writer of
+// one slot ever overlap, and slots are disjoint.
 unsafe impl Sync for SlotBufs {}
 // SAFETY: as above; the pointer is into the mapping the struct owns.
 unsafe impl Send for SlotBufs {}
@@ -160,6 +168,25 @@ impl SlotBufs {
         assert!(i < self.count);
         // SAFETY: slot i lies inside the mapping; exclusivity is the caller's promise.
         unsafe { std::slice::from_raw_parts_mut(self.base.add(i * self.pitch), self.len) }
+    }
+
+    /// Brings slot `i`'s pages into memory (their content stays zero).
+    ///
+    /// # Safety
+    /// Slot `i` is not in use (at or past the cache's `active`): nothing reads or writes it.
+    unsafe fn populate(&self, i: usize) {
+        assert!(i < self.count);
+        // SAFETY: slot i lies inside the mapping and, by the caller's promise, nobody uses
+        // it; madvise only faults its pages in, and the fallback writes the zeros they hold.
+        unsafe {
+            let p = self.base.add(i * self.pitch);
+            if libc::madvise(p.cast(), self.pitch, libc::MADV_POPULATE_WRITE) != 0 {
+                // Kernels before 5.14: touch every page.
+                for off in (0..self.pitch).step_by(crate::aligned::ALIGN) {
+                    std::ptr::write_volatile(p.add(off), 0);
+                }
+            }
+        }
     }
 
     /// Slot `i`'s bytes, to read.
@@ -239,6 +266,8 @@ impl ExpertCache {
             shutdown: false,
             active: slots,
             growth: None,
+            grow_to: slots,
+            grower: None,
         };
         let shared = Arc::new(Shared {
             state: Mutex::new(state),
@@ -299,6 +328,7 @@ impl ExpertCache {
         }
         let (layers, experts) = (st.map.len(), self.num_experts);
         st.active = start.max(1);
+        st.grow_to = st.active;
         st.growth = Some(Growth::new(st.active, total, layers, experts, per_token));
     }
 
@@ -344,11 +374,43 @@ impl ExpertCache {
 
 impl Drop for ExpertCache {
     fn drop(&mut self) {
-        self.shared.lock().shutdown = true;
+        let grower = {
+            let mut st = self.shared.lock();
+            st.shutdown = true;
+            st.grower.take()
+        };
         self.shared.work.notify_all();
-        for t in self.threads.drain(..) {
+        for t in self.threads.drain(..).chain(grower) {
             let _ = t.join();
         }
+    }
+}
+
+/// Brings the slots a growing cache takes into memory ahead of their first reads, a batch at a
+/// time, putting each batch in use once resident. A fresh page's first touch (on a virtual
+/// machine, about 2.5 s a GB here: docs/BENCH.md, "Growing the cache") then happens on this
+/// low-priority thread while decode waits on the disk, instead of inside the reads.
+fn grow_loop(s: &Shared) {
+    // SAFETY: plain system calls on this thread's own id; failure leaves the priority as is.
+    unsafe {
+        let tid = libc::syscall(libc::SYS_gettid) as libc::id_t;
+        libc::setpriority(libc::PRIO_PROCESS, tid, 19);
+    }
+    loop {
+        let (from, to) = {
+            let st = s.lock();
+            if st.shutdown || st.active >= st.grow_to {
+                return;
+            }
+            (st.active, (st.active + GROW_BATCH).min(st.grow_to))
+        };
+        for i in from..to {
+            // SAFETY: slots at or past `active` are in no one's use: `victim` never picks
+            // them and only this thread moves `active` while `grow_to` is above it.
+            unsafe { s.bufs.populate(i) };
+        }
+        s.lock().active = to;
+        s.loaded.notify_all();
     }
 }
 
@@ -443,8 +505,17 @@ impl ExpertSource for ExpertCache {
                 st.active,
                 GROW_MIN_SAVING * 100.0
             );
-            st.active = total;
             st.growth = None;
+            st.grow_to = total;
+            let shared = s.clone();
+            st.grower = std::thread::Builder::new()
+                .name("brook-grow".into())
+                .stack_size(64 << 10)
+                .spawn(move || grow_loop(&shared))
+                .ok();
+            if st.grower.is_none() {
+                st.active = total; // no thread: take the slots now, faulting them on first read
+            }
         }
         let mut queued = false;
         for (i, &e) in ids.iter().enumerate() {
@@ -452,11 +523,13 @@ impl ExpertSource for ExpertCache {
                 continue;
             }
             let mut victim = Self::victim(&st);
-            // Unpinned slots still loading (prefetches) free up soon: wait for them.
+            // Unpinned slots still loading (prefetches) free up soon, and a growing cache
+            // puts more slots in use soon: wait for them.
             while victim.is_none()
-                && st.slots[..st.active]
-                    .iter()
-                    .any(|m| m.pins == 0 && m.status == Status::Loading)
+                && (st.active < st.grow_to
+                    || st.slots[..st.active]
+                        .iter()
+                        .any(|m| m.pins == 0 && m.status == Status::Loading))
             {
                 st = s.loaded.wait(st).unwrap_or_else(|p| p.into_inner());
                 victim = Self::victim(&st);
@@ -464,6 +537,7 @@ impl ExpertSource for ExpertCache {
             // More experts pinned at once than the slots in use hold: take one more slot.
             if victim.is_none() && st.active < st.slots.len() {
                 st.active += 1;
+                st.grow_to = st.active;
                 let active = st.active;
                 if let Some(g) = st.growth.as_mut() {
                     g.resize_small(active);
