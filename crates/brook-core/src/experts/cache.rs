@@ -125,8 +125,9 @@ struct State {
 const GROW_BATCH: usize = 32;
 
 /// Slot memory: one mapping for every slot, `pitch` bytes apart, on huge pages
-/// ([`AlignedBuf`]), resident only as slots are first read into. A slot's bytes are written
-/// only by the I/O thread that owns it while Loading.
+/// ([`AlignedBuf`]), resident only as slots are first read into (or populated by the grower).
+/// A slot's bytes are written only by the I/O thread that owns it while Loading, or, before
+/// the slot is in use, by the grower.
 struct SlotBufs {
     /// Owns the mapping; never borrowed after `base` was taken from it.
     _arena: AlignedBuf,
@@ -387,9 +388,9 @@ impl Drop for ExpertCache {
 }
 
 /// Brings the slots a growing cache takes into memory ahead of their first reads, a batch at a
-/// time, putting each batch in use once resident. A fresh page's first touch (on a virtual
-/// machine, about 2.5 s a GB here: docs/BENCH.md, "Growing the cache") then happens on this
-/// low-priority thread while decode waits on the disk, instead of inside the reads.
+/// time, putting each batch in use once resident. A fresh page's first touch (about 2.5 s a GB
+/// on the virtual machine of docs/BENCH.md, "Session 18: the cache grows on demand") then
+/// happens on this low-priority thread while decode waits on the disk, not inside the reads.
 fn grow_loop(s: &Shared) {
     // SAFETY: plain system calls on this thread's own id; failure leaves the priority as is.
     unsafe {
