@@ -219,8 +219,10 @@ fn print_stats(
     );
     if let Some(k) = cache {
         s.push_str(&format!(
-            "; expert cache hit rate {:.1}%, {:.2} GB read ({:.2} GB/s)",
+            "; expert cache hit rate {:.1}% on {} of {} slots, {:.2} GB read ({:.2} GB/s)",
             k.hit_rate() * 100.0,
+            k.slots,
+            k.slots_max,
             k.bytes_read as f64 / 1e9,
             k.read_gb_s()
         ));
