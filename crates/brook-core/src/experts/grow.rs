@@ -66,9 +66,9 @@ impl Growth {
             return false;
         }
         let saved = self.small_reads.saturating_sub(self.large_reads);
-        let tokens = self.seen / self.per_token.max(1);
-        let grow =
-            saved as f64 >= GROW_MIN_SAVING * self.small_reads as f64 && saved >= tokens.max(1);
+        // The window holds at least GROW_WINDOW_TOKENS tokens' requests.
+        let tokens = self.seen / self.per_token;
+        let grow = saved as f64 >= GROW_MIN_SAVING * self.small_reads as f64 && saved >= tokens;
         (self.seen, self.small_reads, self.large_reads) = (0, 0, 0);
         grow
     }
@@ -96,13 +96,7 @@ impl Shadow {
     }
 
     /// Shows the shadow a request; returns the experts it would have read.
-    pub(crate) fn request(
-        &mut self,
-        layer: usize,
-        ids: &[usize],
-        counts: &[Vec<u32>],
-        tick: u64,
-    ) -> u64 {
+    fn request(&mut self, layer: usize, ids: &[usize], counts: &[Vec<u32>], tick: u64) -> u64 {
         for &e in ids {
             if let Some(h) = self.held.get_mut(self.at[layer][e] as usize) {
                 h.2 = tick;
@@ -144,8 +138,7 @@ impl Shadow {
 mod tests {
     use super::*;
 
-    /// Shows `g` (or a shadow) one request per expert id of `stream` in layer 0, counting
-    /// uses as the cache does.
+    /// Use counts and the tick for requests in layer 0, kept as the cache keeps them.
     struct Replay {
         counts: Vec<Vec<u32>>,
         tick: u64,
@@ -159,6 +152,7 @@ mod tests {
             }
         }
 
+        /// Counts a request's uses and starts its tick.
         fn ask(&mut self, ids: &[usize]) -> (&[Vec<u32>], u64) {
             self.tick += 1;
             for &e in ids {

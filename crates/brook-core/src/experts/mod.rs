@@ -4,6 +4,7 @@
 pub mod budget;
 pub mod cache;
 pub mod grow;
+mod slots;
 pub mod store;
 
 pub use cache::{CacheStats, ExpertCache};

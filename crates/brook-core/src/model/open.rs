@@ -247,6 +247,8 @@ impl Model {
             let held = crate::model::moe::ResidentExperts { layers };
             Box::new(ResidentCache { cache, held })
         } else {
+            // Streamed experts stay in rows: the one-token kernels read both orders at the
+            // same speed class and to the same bits, and the I/O threads only read.
             let cache = ExpertCache::new(
                 store,
                 c.layouts.clone(),
@@ -255,8 +257,6 @@ impl Model {
                 slots,
                 opts.io_threads,
             );
-            // Streamed experts stay in rows: the one-token kernels read both orders at the
-            // same speed class and to the same bits, and the I/O threads only read.
             let k = cfg.num_experts_per_tok;
             if !opts.fill_cache && opts.expert_cache.is_none() {
                 let start = (k * cfg.num_hidden_layers).max(cfg.num_experts + k);
