@@ -234,11 +234,6 @@ impl ExpertCache {
         self.shared.lock().active
     }
 
-    /// Slots the cache may grow to.
-    pub fn max_slots(&self) -> usize {
-        self.shared.bufs.count
-    }
-
     /// Has the cache start on `start` of its slots, one token requesting `per_token` experts
     /// (top-k x layers), and take all of them once, over the last 8 tokens' requests, a cache
     /// that large would have read at least [`GROW_MIN_SAVING`] fewer experts than the slots in
