@@ -210,10 +210,14 @@ fn peak_rss_stays_under_a_small_budget() {
         peak > budget / 2,
         "VmHWM {peak}: the budget should be used, not ignored"
     );
-    // The default starts smaller and may grow to the same ceiling.
+    // The default starts smaller and may grow to the same ceiling. Each process plans with
+    // its own baseline RSS (measured at open), so the two ceilings can differ by a slot.
     let (_, _, slots, grown_max) = run(false);
-    assert_eq!(grown_max, max);
-    assert!(slots <= max && slots >= 72, "{slots} slots of {max}");
+    assert!(grown_max.abs_diff(max) <= 1, "{grown_max} against {max}");
+    assert!(
+        slots <= grown_max && slots >= 72,
+        "{slots} slots of {grown_max}"
+    );
 }
 
 #[test]
