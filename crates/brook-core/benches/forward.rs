@@ -154,6 +154,7 @@ fn main() -> Result<()> {
         delta_mode: DeltaMode::Auto,
         prefetch: false,
         prefill_chunk: 512,
+        steps: Default::default(),
     };
     let per_token = (dense_bytes + expert_bytes) as f64 / 1e9;
     println!(

@@ -42,6 +42,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             u.prompt_tokens, u.cached_tokens, u.completion_tokens
         ),
         Event::Finish(f) => println!("[finish: {f:?}]"),
+        // Token ids come before their text; this example prints text only.
+        Event::Token(_) => {}
     };
     session.chat(Message::new("user", question), &opts, &mut print)?;
     // The second turn reuses the state: only the new tokens are prefilled.

@@ -11,7 +11,8 @@ use std::sync::Arc;
 
 use brook_core::config::ModelConfig;
 use brook_core::experts::budget::fmt_bytes;
-use brook_core::model::engine::Engine;
+use brook_core::engine::driver::{Call, drive};
+use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step};
 use brook_core::model::open::OpenOptions;
 use brook_core::model::state::SeqState;
 use brook_core::model::{Logits, Model};
@@ -64,7 +65,8 @@ pub struct CudaModel {
     pub(crate) s: Scratch,
     opts: CudaOptions,
     host_in: Pinned,
-    logits: Vec<f32>,
+    /// What the shorthand [`CudaModel::forward`] returns.
+    out: Vec<f32>,
     /// Host synchronisations so far (for the benchmark's count per token).
     pub syncs: u64,
     /// Replay one-token decode steps as CUDA graphs (when every expert is resident).
@@ -131,7 +133,7 @@ impl CudaModel {
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
         Ok(CudaModel {
-            logits: vec![0.0; cfg.vocab_size],
+            out: Vec::new(),
             model,
             gpu,
             dense,
@@ -154,99 +156,73 @@ impl CudaModel {
         &self.model.cfg
     }
 
-    /// Feeds `tokens` through the model on the GPU, as `Model::forward` does.
+    /// Feeds `tokens` through the model on the GPU, as `Model::forward` does: a shorthand
+    /// for the driver ([`brook_core::engine::Forward`]) over this engine, for tests.
     pub fn forward(
         &mut self,
         state: &mut SeqState,
         tokens: &[u32],
         want: Logits,
     ) -> Result<&[f32]> {
-        self.gpu.bind()?;
-        let (v, c) = (self.cfg().vocab_size, self.opts.max_chunk);
-        brook_core::model::check_tokens(tokens, v)?;
-        if state.pos + tokens.len() > self.opts.context {
-            return Err(Error::Invalid(format!(
-                "context full: {} + {} tokens exceed the context of {} (open with a larger --context)",
-                state.pos,
-                tokens.len(),
-                self.opts.context
-            )));
-        }
-        let ours = state
+        let mut out = std::mem::take(&mut self.out);
+        let call = Call {
+            state,
+            tokens,
+            want,
+            routing: Routing::Router,
+            trace: None,
+            context: self.opts.context,
+        };
+        let r = drive(self, call, &mut out);
+        self.out = out;
+        r.map(|_| &self.out[..])
+    }
+
+    /// One chunk of one sequence, whose state `place` put on this GPU; appends the logits
+    /// `want` asks for to `out`.
+    fn step_one(&mut self, state: &mut SeqState, chunk: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
+        let (v, h, t) = (self.cfg().vocab_size, self.cfg().hidden_size, chunk.len());
+        let pos = state.pos;
+        let dev = state
             .device
             .as_mut()
-            .is_some_and(|d| d.as_any_mut().downcast_mut::<DeviceSeq>().is_some());
-        if !ours {
-            state.sync_host()?;
-            let d = DeviceSeq::from_host(&self.gpu, &self.model.cfg, state, self.opts.context)?;
-            state.device = Some(Box::new(d));
-        }
-        let n_logits = want.len(tokens.len(), v);
-        if self.logits.len() < n_logits {
-            self.logits.resize(n_logits, 0.0);
-        }
-        let chunks = tokens.len().div_ceil(c);
-        for (ci, chunk) in tokens.chunks(c).enumerate() {
-            let dev = state
-                .device
-                .as_mut()
-                .and_then(|d| d.as_any_mut().downcast_mut::<DeviceSeq>())
-                .ok_or_else(|| Error::Invalid("lost the GPU state".into()))?;
-            let graphed = self.graphs
-                && self.experts.resident
-                && chunk.len() == 1
-                && matches!(want, Logits::Last);
-            let res = match graphed {
-                true => match self.decode_graphed(dev, chunk[0], state.pos) {
-                    Ok(true) => Ok(()),
-                    Ok(false) => {
-                        self.graphs = false;
-                        self.chunk(dev, chunk, state.pos).and_then(|_| {
-                            let last = self.s.normed.ptr;
-                            self.linear(self.dense.head, Mat::NONE, 1, last, self.s.logits.ptr)
-                        })
-                    }
-                    Err(e) => Err(e),
-                },
-                false => self.chunk(dev, chunk, state.pos),
-            };
-            if let Err(e) = res {
-                // The device state may be half-updated: start the sequence afresh and say so.
-                *state = SeqState::new(&self.model.cfg);
-                return Err(e);
+            .and_then(|d| d.as_any_mut().downcast_mut::<DeviceSeq>())
+            .ok_or_else(|| Error::Invalid("lost the GPU state".into()))?;
+        let graphed =
+            self.graphs && self.experts.resident && t == 1 && matches!(want, Logits::Last);
+        if graphed {
+            if !self.decode_graphed(dev, chunk[0], pos)? {
+                self.graphs = false;
+                self.chunk(dev, chunk, pos)?;
+                let last = self.s.normed.ptr;
+                self.linear(self.dense.head, Mat::NONE, 1, last, self.s.logits.ptr)?;
             }
-            let t = chunk.len();
-            state.pos += t;
-            let head = self.dense.head;
-            let h = self.cfg().hidden_size;
-            match want {
-                Logits::All => {
-                    let need = t * v;
-                    if self.s.logits.bytes < need * 4 {
-                        self.s.logits = self.gpu.alloc(need * 4, "logits")?;
-                    }
-                    self.linear(head, Mat::NONE, t, self.s.normed.ptr, self.s.logits.ptr)?;
-                    let at = ci * c * v;
-                    self.gpu
-                        .copy_out(self.s.logits.ptr, &mut self.logits[at..at + need])?;
-                    self.syncs += 1;
-                }
-                Logits::Last if ci + 1 == chunks => {
-                    if !graphed {
-                        let last = self.s.normed.ptr + ((t - 1) * h * 4) as u64;
-                        self.linear(head, Mat::NONE, 1, last, self.s.logits.ptr)?;
-                    }
-                    self.gpu
-                        .copy_out(self.s.logits.ptr, &mut self.logits[..v])?;
-                    self.syncs += 1;
-                }
-                _ => {
-                    self.gpu.sync()?;
-                    self.syncs += 1;
-                }
-            }
+        } else {
+            self.chunk(dev, chunk, pos)?;
         }
-        Ok(&self.logits[..n_logits])
+        state.pos += t;
+        let head = self.dense.head;
+        let rows = match want {
+            Logits::All => t,
+            Logits::Last => 1,
+            Logits::None => {
+                self.gpu.sync()?;
+                self.syncs += 1;
+                return Ok(());
+            }
+        };
+        if self.s.logits.bytes < rows * v * 4 {
+            self.s.logits = self.gpu.alloc(rows * v * 4, "logits")?;
+        }
+        if !graphed {
+            let x = self.s.normed.ptr + ((t - rows) * h * 4) as u64;
+            self.linear(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
+        }
+        let at = out.len();
+        out.resize(at + rows * v, 0.0);
+        self.gpu.copy_out(self.s.logits.ptr, &mut out[at..])?;
+        self.syncs += 1;
+        Ok(())
     }
 
     pub(crate) fn linear(&self, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()> {
@@ -436,15 +412,53 @@ impl CudaModel {
 }
 
 impl Engine for CudaModel {
-    fn forward(&mut self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<&[f32]> {
-        CudaModel::forward(self, state, tokens, want)
-    }
     fn name(&self) -> &'static str {
         "cuda"
     }
-    fn gpu_stats(&self) -> Option<brook_core::model::engine::GpuStats> {
+
+    fn model(&self) -> &Model {
+        &self.model
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            max_chunk: self.opts.max_chunk,
+            max_seqs: 1,
+            given_routes: false,
+            trace: false,
+        }
+    }
+
+    fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
+        self.gpu.bind()?;
+        if state.pos + tokens > self.opts.context {
+            return Err(Error::Invalid(format!(
+                "context full: {} + {tokens} tokens exceed the context of {} (open with a larger --context)",
+                state.pos, self.opts.context
+            )));
+        }
+        let ours = state
+            .device
+            .as_mut()
+            .is_some_and(|d| d.as_any_mut().downcast_mut::<DeviceSeq>().is_some());
+        if !ours {
+            state.sync_host()?;
+            let d = DeviceSeq::from_host(&self.gpu, &self.model.cfg, state, self.opts.context)?;
+            state.device = Some(Box::new(d));
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        for s in step.seqs.iter_mut() {
+            self.step_one(s.state, s.tokens, s.want, s.logits)?;
+        }
+        Ok(())
+    }
+
+    fn gpu_stats(&self) -> Option<GpuStats> {
         let c = self.experts.stats;
-        Some(brook_core::model::engine::GpuStats {
+        Some(GpuStats {
             device: self.gpu.name.clone(),
             budget_bytes: self.gpu.budget,
             used_bytes: self.gpu.used(),
@@ -478,9 +492,9 @@ pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
     }
 }
 
-/// The [`brook_core::model::engine::EngineMaker`] that builds a [`CudaModel`].
-pub fn engine_maker() -> brook_core::model::engine::EngineMaker {
-    brook_core::model::engine::EngineMaker(Arc::new(
+/// The [`brook_core::engine::EngineMaker`] that builds a [`CudaModel`].
+pub fn engine_maker() -> brook_core::engine::EngineMaker {
+    brook_core::engine::EngineMaker(Arc::new(
         |model: Arc<Model>, _dir: &Path, o: &OpenOptions| {
             Ok(Box::new(CudaModel::new(model, cuda_options(o))?) as Box<dyn Engine>)
         },

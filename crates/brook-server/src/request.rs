@@ -111,6 +111,8 @@ pub struct Sampling {
     pub frequency_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
     pub seed: Option<i64>,
+    /// vLLM's extension: keep generating past end-of-sequence ids (benchmarks).
+    pub ignore_eos: Option<bool>,
 }
 
 /// `POST /v1/chat/completions`.
@@ -144,6 +146,8 @@ pub struct ChatRequest {
     pub frequency_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
     pub seed: Option<i64>,
+    /// vLLM's extension: keep generating past end-of-sequence ids (benchmarks).
+    pub ignore_eos: Option<bool>,
 }
 
 /// One offered tool: `{"type": "function", "function": {"name", "description", "parameters"}}`.
@@ -201,6 +205,8 @@ pub struct CompletionRequest {
     pub frequency_penalty: Option<f64>,
     pub repetition_penalty: Option<f64>,
     pub seed: Option<i64>,
+    /// vLLM's extension: keep generating past end-of-sequence ids (benchmarks).
+    pub ignore_eos: Option<bool>,
 }
 
 impl ChatRequest {
@@ -214,6 +220,7 @@ impl ChatRequest {
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
             seed: self.seed,
+            ignore_eos: self.ignore_eos,
         }
     }
 
@@ -334,6 +341,7 @@ impl ChatRequest {
             tools,
             template_kwargs: kwargs,
             cancel: None,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
         })
     }
 }
@@ -349,6 +357,7 @@ impl CompletionRequest {
             frequency_penalty: self.frequency_penalty,
             repetition_penalty: self.repetition_penalty,
             seed: self.seed,
+            ignore_eos: self.ignore_eos,
         }
     }
 
@@ -378,6 +387,7 @@ impl CompletionRequest {
             sampling: Some(sampling_params(&self.sampling(), defaults)?),
             max_tokens: max_tokens("max_tokens", Some(self.max_tokens.unwrap_or(16)))?,
             stop: stop_strings(&self.stop)?,
+            ignore_eos: self.ignore_eos.unwrap_or(false),
             ..Default::default()
         })
     }

@@ -61,6 +61,7 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
         "running": admitted.min(1),
         "waiting": admitted.saturating_sub(1),
         "queue_limit": app.config.queue,
+        "engine": app.llm.engine_stats(),
     }))
 }
 

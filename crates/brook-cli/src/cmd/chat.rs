@@ -6,10 +6,9 @@
 //! it clears the line; Ctrl-D or /bye leaves.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::sync::Arc;
 
 use anyhow::Result;
-use brook_core::session::{CancelToken, Event, FinishReason, GenOptions, Llm, Session};
+use brook_core::session::{CancelToken, Event, FinishReason, GenOptions, Session};
 use brook_core::text::Message;
 
 const HELP: &str = "Commands:
@@ -59,7 +58,7 @@ impl Ui {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let llm = Arc::new(Llm::open(&a.model.path()?, a.model.options()?)?);
+    let llm = a.model.open()?;
     llm.tokenizer()?;
     let ui = Ui {
         color: std::io::stdout().is_terminal(),
@@ -116,7 +115,7 @@ pub fn run(a: Args) -> Result<()> {
                         ))
                     );
                 }
-                "stats" => print_stats(&ui, last.as_ref(), last_stats),
+                "stats" => print_stats(&ui, last.as_ref(), last_stats, &llm.engine_stats()),
                 "save" if !arg.is_empty() => match session.save(std::path::Path::new(arg)) {
                     Ok(()) => println!("{}", ui.dim(&format!("(saved to {arg})"))),
                     Err(e) => eprintln!("error: {e}"),
@@ -203,6 +202,7 @@ fn print_stats(
     ui: &Ui,
     last: Option<&brook_core::session::Completion>,
     cache: Option<brook_core::experts::CacheStats>,
+    engine: &brook_core::engine::EngineStats,
 ) {
     let Some(c) = last else {
         println!("{}", ui.dim("(no answer yet)"));
@@ -229,8 +229,10 @@ fn print_stats(
     }
     let (_, peak) = brook_core::experts::budget::rss();
     s.push_str(&format!(
-        "; peak RSS {}",
-        brook_core::experts::budget::fmt_bytes(peak)
+        "; peak RSS {}; the {} engine, {} forward calls",
+        brook_core::experts::budget::fmt_bytes(peak),
+        engine.engine,
+        engine.forward_calls
     ));
     println!("{}", ui.dim(&s));
 }

@@ -4,8 +4,12 @@
 
 use std::time::Instant;
 
+use std::io::Write;
+
 use anyhow::Result;
 use brook_core::container::repack::repack;
+use brook_core::session::{Event, GenOptions};
+use brook_core::text::{Message, SamplingParams};
 use brook_core::synth::{self, SynthStore};
 
 /// Run the 35B-shaped model from the SSD under a small budget: synthesize it once, generate,
@@ -60,6 +64,9 @@ pub fn run(a: Args) -> Result<()> {
         bar.finish_and_clear();
         eprintln!("done in {:.0} s", t.elapsed().as_secs_f64());
     }
+    // Caches made before synth wrote the text files get them now.
+    let store_cfg = brook_core::container::Container::open(&dir)?.config;
+    synth::write_text_files(&dir, &store_cfg)?;
     let args = super::ModelArgs {
         model: dir.clone(),
         memory_budget: Some(a.memory_budget.clone()),
@@ -73,8 +80,8 @@ pub fn run(a: Args) -> Result<()> {
         threads: a.threads.into_iter().collect(),
         precision: "exact".into(),
     };
-    let model = std::sync::Arc::new(brook_core::Model::open_with(&dir, &args.options()?)?);
-    let mut runner = super::Runner::new(&model, &args)?;
+    let llm = args.open()?;
+    let model = &llm.model;
     let total = model.cfg.num_experts * model.cfg.num_hidden_layers;
     let (slots, max) = model
         .experts
@@ -84,28 +91,33 @@ pub fn run(a: Args) -> Result<()> {
         "{} (random weights, real shapes) streaming under {}: {slots} expert slots of the {max} the budget pays for ({total} experts; the cache takes more once that pays)",
         a.preset, a.memory_budget,
     );
-    let prompt: Vec<u32> = vec![9707, 11, 1879, 0, 151644, 872, 198];
-    let mut st = runner.new_state(4096);
-    let t = Instant::now();
-    let mut logits = runner.forward(&mut st, &prompt, brook_core::Logits::Last)?;
-    let mut out = Vec::new();
-    for _ in 0..a.max_tokens {
-        let next = logits
-            .iter()
-            .enumerate()
-            .max_by(|x, y| x.1.total_cmp(y.1))
-            .map_or(0, |(i, _)| i as u32);
-        out.push(next.to_string());
-        runner.forward_into(&mut st, &[next], brook_core::Logits::Last, &mut logits)?;
-    }
+    let question = "Why is the sky blue?";
+    let opts = GenOptions {
+        max_tokens: Some(a.max_tokens),
+        sampling: Some(SamplingParams::default()),
+        enable_thinking: Some(false),
+        ..Default::default()
+    };
+    let mut session = llm.session();
+    println!("> {question}");
+    let mut out = std::io::stdout();
+    let c = session.chat(Message::new("user", question), &opts, &mut |e| {
+        if let Event::Content(t) = e {
+            let _ = write!(out, "{t}");
+            let _ = out.flush();
+        }
+    })?;
+    let u = c.usage;
     println!(
-        "greedy generation ({} tokens in {:.1} s; random weights, so the ids are noise): {}",
-        a.max_tokens,
-        t.elapsed().as_secs_f64(),
-        out.join(" ")
+        "\n(greedy, random weights, so the words are noise: {} prompt tokens at {:.1} tok/s, {} tokens at {:.2} tok/s on the {} engine)",
+        u.prompt_tokens,
+        u.prompt_tokens as f64 / u.prefill_s.max(1e-9),
+        u.completion_tokens,
+        u.completion_tokens as f64 / u.decode_s.max(1e-9),
+        llm.engine_stats().engine,
     );
-    drop(runner);
-    drop(model);
+    drop(session);
+    drop(llm);
     // The bench rows, in a fresh process so peak RSS is its own.
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
@@ -126,5 +138,10 @@ pub fn run(a: Args) -> Result<()> {
     if !status.success() {
         anyhow::bail!("brook bench failed");
     }
+    let d = dir.display();
+    println!(
+        "\nTalk to it (random text through the real tokenizer and template):\n  brook chat --model {d} --memory-budget {b}\nServe it (OpenAI API at /v1, web chat page at /):\n  brook serve --model {d} --memory-budget {b}",
+        b = a.memory_budget
+    );
     Ok(())
 }

@@ -1,12 +1,11 @@
 //! `brook generate`: one-shot generation from a prompt (text, stdin or token ids).
 
 use std::io::{Read, Write};
-use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Result;
 use brook_core::Error;
-use brook_core::session::{Event, GenOptions, Llm};
+use brook_core::session::{Event, GenOptions};
 use brook_core::text::Message;
 
 /// Generate a reply to a prompt. The prompt goes through the model's chat template unless
@@ -44,7 +43,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let llm = Arc::new(Llm::open(&a.model.path()?, a.model.options()?)?);
+    let llm = a.model.open()?;
     let mut opts = GenOptions {
         max_tokens: Some(a.max_tokens),
         enable_thinking: a.think,
@@ -140,6 +139,7 @@ pub fn run(a: Args) -> Result<()> {
             "total_s": total,
             "peak_rss_bytes": peak,
             "cache": llm.model.experts.stats(),
+            "engine": llm.engine_stats(),
         });
         println!("{out}");
     } else {

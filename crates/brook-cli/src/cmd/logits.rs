@@ -25,15 +25,14 @@ pub struct Args {
 
 pub fn run(a: Args) -> Result<()> {
     let tokens = super::parse_tokens(&a.tokens)?;
-    let model = a.model.open()?;
-    let mut runner = super::Runner::new(&model, &a.model)?;
-    let mut state = runner.new_state(tokens.len());
-    let logits = runner.forward(&mut state, &tokens, Logits::All)?;
+    let llm = a.model.open()?;
+    let mut state = llm.new_state();
+    let logits = llm.forward(&mut state, &tokens, Logits::All)?;
     let bytes = safetensors::f32_bytes(&logits);
     let tensor = TensorOut {
         name: "logits".into(),
         dtype: DType::F32,
-        shape: vec![tokens.len(), model.cfg.vocab_size],
+        shape: vec![tokens.len(), llm.model.cfg.vocab_size],
         data: &bytes,
     };
     safetensors::write(&a.out, &[tensor], &BTreeMap::new())?;

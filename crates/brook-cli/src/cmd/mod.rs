@@ -162,91 +162,17 @@ impl ModelArgs {
         pull::resolve_model(&self.model)
     }
 
-    /// Opens the model.
-    pub fn open(&self) -> Result<std::sync::Arc<brook_core::Model>> {
-        let path = self.path()?;
-        Ok(std::sync::Arc::new(brook_core::Model::open_with(
-            &path,
-            &self.options()?,
-        )?))
+    /// Opens the model with its tokenizer, template and the engine the flags chose.
+    pub fn open(&self) -> Result<std::sync::Arc<brook_core::session::Llm>> {
+        let llm = brook_core::session::Llm::open(&self.path()?, self.options()?)?;
+        tracing::info!("forward pass: the {} engine", llm.engine_stats().engine);
+        Ok(std::sync::Arc::new(llm))
     }
 }
 
 /// Host expert slots staging copies to the GPU when --backend cuda runs without a host
 /// budget: enough for a full layer of the largest supported models.
 const CUDA_HOST_SLOTS: usize = 512;
-
-/// Runs forward passes with the compute path the flags chose.
-pub struct Runner {
-    model: std::sync::Arc<brook_core::Model>,
-    engine: Option<Box<dyn brook_core::model::engine::Engine>>,
-}
-
-impl std::fmt::Debug for Runner {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("Runner")
-    }
-}
-
-impl Runner {
-    pub fn new(model: &std::sync::Arc<brook_core::Model>, args: &ModelArgs) -> Result<Self> {
-        let opts = args.options()?;
-        let engine = brook_core::session::make_engine(model, &args.path()?, &opts)?;
-        Ok(Runner {
-            model: model.clone(),
-            engine,
-        })
-    }
-
-    /// The GPU engine's counters, if a GPU runs.
-    pub fn gpu_stats(&self) -> Option<brook_core::model::engine::GpuStats> {
-        self.engine.as_ref().and_then(|e| e.gpu_stats())
-    }
-
-    /// The engine's name ("cpu", "cuda") or "reference".
-    pub fn name(&self) -> &'static str {
-        self.engine.as_ref().map_or("reference", |e| e.name())
-    }
-
-    /// A fresh state (with KV room for the context when the CPU backend runs).
-    pub fn new_state(&self, context: usize) -> brook_core::model::state::SeqState {
-        match &self.engine {
-            Some(e) => e.new_state(&self.model, context),
-            None => self.model.new_state(),
-        }
-    }
-
-    pub fn forward(
-        &mut self,
-        state: &mut brook_core::model::state::SeqState,
-        tokens: &[u32],
-        want: brook_core::Logits,
-    ) -> Result<Vec<f32>> {
-        let mut out = Vec::new();
-        self.forward_into(state, tokens, want, &mut out)?;
-        Ok(out)
-    }
-
-    /// [`Runner::forward`] into `out`, whose memory is reused from call to call (a decode
-    /// loop then allocates nothing per token on the fast backends; the 35B's logits are 1 MB).
-    pub fn forward_into(
-        &mut self,
-        state: &mut brook_core::model::state::SeqState,
-        tokens: &[u32],
-        want: brook_core::Logits,
-        out: &mut Vec<f32>,
-    ) -> Result<()> {
-        match &mut self.engine {
-            Some(e) => {
-                let logits = e.forward(state, tokens, want)?;
-                out.clear();
-                out.extend_from_slice(logits);
-            }
-            None => *out = self.model.forward(state, tokens, want, None)?,
-        }
-        Ok(())
-    }
-}
 
 /// Rates of plain reads of memory, in GB/s, and their summary.
 #[derive(Debug, Clone, Default)]

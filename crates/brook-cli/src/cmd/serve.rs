@@ -5,11 +5,9 @@
 //! otherwise hand the model (and the machine's time) to anyone who can reach the port.
 
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use brook_core::Error;
-use brook_core::session::Llm;
 
 /// Serve the model over an OpenAI-compatible HTTP API, with a chat page at /.
 #[derive(Debug, clap::Args)]
@@ -69,7 +67,7 @@ pub fn run(a: Args) -> Result<()> {
             .unwrap_or_else(|| "brook".into())
     });
     eprintln!("loading {} ...", a.model.model.display());
-    let llm = Arc::new(Llm::open(&a.model.model, a.model.options()?)?);
+    let llm = a.model.open()?;
     let mut config = brook_server::Config::new(model_id.clone());
     config.queue = a.queue;
     config.api_key = api_key;

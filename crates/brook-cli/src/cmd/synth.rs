@@ -50,6 +50,7 @@ pub fn run(a: Args) -> Result<()> {
         })?;
     }
     bar.finish_and_clear();
+    let text = synth::write_text_files(&a.out, &store.config)?;
     let secs = start.elapsed().as_secs_f64();
     let gb = store.total_bytes() as f64 / 1e9;
     eprintln!(
@@ -64,5 +65,11 @@ pub fn run(a: Args) -> Result<()> {
         a.out.display(),
         gb / secs.max(1e-9)
     );
+    if text > 0 {
+        eprintln!(
+            "with the real tokenizer, chat template and generation config of its family: `brook chat --model {}` talks (random text)",
+            a.out.display()
+        );
+    }
     Ok(())
 }

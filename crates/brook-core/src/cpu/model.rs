@@ -21,6 +21,8 @@ use crate::error::{Error, Result};
 use crate::model::moe::Route;
 use crate::model::state::{LayerState, SeqState};
 use crate::model::weights::Mixer;
+use crate::engine::driver::{Call, drive};
+use crate::engine::{Caps, Engine, ModelRef, Routing, Step, Trace};
 use crate::model::{Logits, Model, Stage};
 
 /// How [`CpuModel`] runs.
@@ -51,23 +53,6 @@ impl Default for CpuOptions {
     }
 }
 
-/// The model a [`CpuModel`] runs: borrowed, or shared with its owner (a session's `Llm`).
-#[derive(Debug, Clone)]
-enum ModelRef<'m> {
-    Borrowed(&'m Model),
-    Shared(std::sync::Arc<Model>),
-}
-
-impl std::ops::Deref for ModelRef<'_> {
-    type Target = Model;
-    fn deref(&self) -> &Model {
-        match self {
-            ModelRef::Borrowed(m) => m,
-            ModelRef::Shared(m) => m,
-        }
-    }
-}
-
 /// The fast CPU forward pass over a [`Model`].
 #[derive(Debug)]
 pub struct CpuModel<'m> {
@@ -84,6 +69,7 @@ pub struct CpuModel<'m> {
     moe: MoeScratch,
     head: XScratch,
     logits: Vec<f32>, // [V] or [T, V]
+    out: Vec<f32>,    // what the shorthand [`CpuModel::forward`] returns
 }
 
 impl CpuModel<'static> {
@@ -159,6 +145,7 @@ impl<'m> CpuModel<'m> {
             delta: vec![0.0; c * h],
             head: XScratch::default(),
             logits: vec![0.0; cfg.vocab_size],
+            out: Vec::new(),
             model: model_ref.clone(),
         })
     }
@@ -189,7 +176,8 @@ impl<'m> CpuModel<'m> {
     }
 
     /// Feeds `tokens` through the model, advancing `state`, and returns the logits asked for
-    /// ([T, V], [V] or empty), exactly as [`Model::forward`] does.
+    /// ([T, V], [V] or empty), exactly as [`Model::forward`] does: a shorthand for the driver
+    /// ([`crate::engine::Forward`]) over this engine, for tests and benchmarks.
     pub fn forward(
         &mut self,
         state: &mut SeqState,
@@ -206,51 +194,43 @@ impl<'m> CpuModel<'m> {
         state: &mut SeqState,
         tokens: &[u32],
         want: Logits,
-        mut trace: Option<&mut dyn FnMut(Stage<'_>)>,
+        trace: Trace<'_>,
     ) -> Result<&[f32]> {
-        let cfg = &self.model.cfg;
-        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        crate::model::check_tokens(tokens, v)?;
-        if self.opts.precision == Precision::Fast && tokens.len() == 1 {
-            // One token at a time, the fast path keeps the recurrent states in bf16.
-            Bf16Ssm::hold(state)?;
-        } else {
-            state.sync_host()?;
+        let mut out = std::mem::take(&mut self.out);
+        let call = Call {
+            state,
+            tokens,
+            want,
+            routing: Routing::Router,
+            trace,
+            context: usize::MAX,
+        };
+        let r = drive(self, call, &mut out);
+        self.out = out;
+        r.map(|_| &self.out[..])
+    }
+
+    /// The logits `want` asks of the chunk whose normed rows `chunk` left in `normed`.
+    fn head(&mut self, c: usize, want: Logits, out: &mut Vec<f32>) -> Result<()> {
+        let (h, v) = (self.model.cfg.hidden_size, self.model.cfg.vocab_size);
+        let rows = match want {
+            Logits::All => c,
+            Logits::Last => 1,
+            Logits::None => return Ok(()),
+        };
+        if self.logits.len() < rows * v {
+            self.logits.resize(rows * v, 0.0);
         }
-        self.check_state(state)?;
-        let n_logits = want.len(tokens.len(), v);
-        if self.logits.len() < n_logits {
-            self.logits.resize(n_logits, 0.0);
-        }
-        let chunks = tokens.len().div_ceil(self.opts.max_chunk);
-        for (ci, chunk) in tokens.chunks(self.opts.max_chunk).enumerate() {
-            self.chunk(state, chunk, &mut trace)?;
-            let c = chunk.len();
-            let ex = Exec {
-                pool: &self.pool,
-                level: self.level,
-                precision: self.opts.precision,
-            };
-            let head = self.model.dense.lm_head.view();
-            match want {
-                Logits::All => {
-                    let at = ci * self.opts.max_chunk * v;
-                    let out = &mut self.logits[at..at + c * v];
-                    ex.linears(&self.normed[..c * h], c, &mut self.head, &mut [(head, out)])?;
-                }
-                Logits::Last if ci + 1 == chunks => {
-                    let last = &self.normed[(c - 1) * h..c * h];
-                    ex.linears(
-                        last,
-                        1,
-                        &mut self.head,
-                        &mut [(head, &mut self.logits[..v])],
-                    )?;
-                }
-                _ => {}
-            }
-        }
-        Ok(&self.logits[..n_logits])
+        let ex = Exec {
+            pool: &self.pool,
+            level: self.level,
+            precision: self.opts.precision,
+        };
+        let head = self.model.dense.lm_head.view();
+        let x = &self.normed[(c - rows) * h..c * h];
+        ex.linears(x, rows, &mut self.head, &mut [(head, &mut self.logits[..rows * v])])?;
+        out.extend_from_slice(&self.logits[..rows * v]);
+        Ok(())
     }
 
     fn check_state(&self, state: &mut SeqState) -> Result<()> {
@@ -294,7 +274,7 @@ impl<'m> CpuModel<'m> {
         &mut self,
         state: &mut SeqState,
         tokens: &[u32],
-        trace: &mut Option<&mut dyn FnMut(Stage<'_>)>,
+        trace: &mut Trace<'_>,
     ) -> Result<()> {
         // A cheap handle (a reference copy or an Arc count), so `self`'s scratch stays free.
         let model_ref = self.model.clone();
@@ -386,6 +366,50 @@ impl<'m> CpuModel<'m> {
         rms_norm_rows(level, x, &model.dense.norm, eps, normed);
         if let Some(f) = trace.as_mut() {
             f(Stage::Norm(normed));
+        }
+        Ok(())
+    }
+}
+
+impl Engine for CpuModel<'_> {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn model(&self) -> &Model {
+        &self.model
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            max_chunk: self.opts.max_chunk,
+            max_seqs: 1,
+            given_routes: false,
+            trace: true,
+        }
+    }
+
+    fn new_state(&self, reserve_tokens: usize) -> SeqState {
+        CpuModel::new_state(self, reserve_tokens)
+    }
+
+    fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
+        if self.opts.precision == Precision::Fast && tokens == 1 {
+            // One token at a time, the fast path keeps the recurrent states in bf16.
+            Bf16Ssm::hold(state)?;
+        } else {
+            state.sync_host()?;
+        }
+        self.check_state(state)
+    }
+
+    fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        let Step {
+            seqs, mut trace, ..
+        } = step;
+        for s in seqs.iter_mut() {
+            self.chunk(s.state, s.tokens, &mut trace)?;
+            self.head(s.tokens.len(), s.want, s.logits)?;
         }
         Ok(())
     }

@@ -1,13 +1,15 @@
-//! The Qwen3-Next / Qwen3.5-MoE model: weights and the f32 reference forward pass.
+//! The Qwen3-Next / Qwen3.5-MoE model: config, weights, per-sequence state and the f32 layer
+//! maths (DeltaNet, attention, MoE) that the reference engine (`crate::engine::reference`)
+//! runs.
 //!
 //! A decoder layer is: h' = h + Mixer(RMSNorm(h)); h'' = h' + MoE(RMSNorm(h')), with Mixer a
-//! Gated DeltaNet or gated attention layer (MODEL.md §2.2). The forward pass here is the
-//! oracle every fast path is tested against: plain loops in f32, allocation allowed.
+//! Gated DeltaNet or gated attention layer (MODEL.md §2.2). The maths here is the oracle every
+//! fast path is tested against: plain loops in f32, allocation allowed. It must not choose a
+//! forward pass; `crate::engine::open` does.
 
 pub mod attention;
 pub mod delta_net;
 pub mod embedding;
-pub mod engine;
 pub mod moe;
 pub mod open;
 pub mod ops;
@@ -23,8 +25,8 @@ use crate::container::{self, Container};
 use crate::error::{Error, Result};
 use crate::model::delta_net::DeltaMode;
 use crate::model::moe::{ExpertSource, ResidentExperts, Route};
-use crate::model::state::{LayerState, SeqState};
-use crate::model::weights::{DenseWeights, Loader, Mixer};
+use crate::model::state::SeqState;
+use crate::model::weights::{DenseWeights, Loader};
 
 /// Which logits a forward call returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,6 +87,8 @@ pub struct Model {
     pub prefetch: bool,
     /// Most tokens run through the layers together.
     pub prefill_chunk: usize,
+    /// Engine steps run over this model, by engine name ([`Model::count_step`]).
+    pub steps: std::sync::Mutex<Vec<(&'static str, u64)>>,
 }
 
 impl Model {
@@ -110,6 +114,7 @@ impl Model {
                 delta_mode: DeltaMode::Auto,
                 prefetch: false,
                 prefill_chunk: crate::model::open::PREFILL_CHUNK,
+                steps: Default::default(),
             });
         }
         let ck = Checkpoint::open(dir)?;
@@ -139,6 +144,7 @@ impl Model {
             delta_mode: DeltaMode::Auto,
             prefetch: false,
             prefill_chunk: 256,
+            steps: Default::default(),
         })
     }
 
@@ -147,109 +153,19 @@ impl Model {
         SeqState::new(&self.cfg)
     }
 
-    /// Feeds `tokens` through the model, advancing `state`, and returns the logits asked for.
-    ///
-    /// Long inputs run in chunks of [`Model::prefill_chunk`] tokens, layer by layer within a
-    /// chunk, so each needed expert is read once per chunk and scratch stays bounded.
-    pub fn forward(
-        &self,
-        state: &mut SeqState,
-        tokens: &[u32],
-        want: Logits,
-        mut trace: Option<&mut dyn FnMut(Stage<'_>)>,
-    ) -> Result<Vec<f32>> {
-        state.sync_host()?;
-        let chunk = self.prefill_chunk.max(1);
-        if tokens.len() <= chunk {
-            return self.forward_chunk(state, tokens, want, trace);
+    /// Records one engine step over this model (the driver calls it).
+    pub fn count_step(&self, engine: &'static str) {
+        let mut c = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        match c.iter_mut().find(|(n, _)| *n == engine) {
+            Some((_, k)) => *k += 1,
+            None => c.push((engine, 1)),
         }
-        let mut all = Vec::new();
-        let n = tokens.len().div_ceil(chunk);
-        for (i, part) in tokens.chunks(chunk).enumerate() {
-            let last = i + 1 == n;
-            let w = match want {
-                Logits::All => Logits::All,
-                Logits::Last if last => Logits::Last,
-                _ => Logits::None,
-            };
-            let t: Option<&mut dyn FnMut(Stage<'_>)> = match trace {
-                Some(ref mut f) => Some(&mut **f),
-                None => None,
-            };
-            let logits = self.forward_chunk(state, part, w, t)?;
-            all.extend(logits);
-        }
-        Ok(all)
     }
 
-    fn forward_chunk(
-        &self,
-        state: &mut SeqState,
-        tokens: &[u32],
-        want: Logits,
-        mut trace: Option<&mut (dyn FnMut(Stage<'_>) + '_)>,
-    ) -> Result<Vec<f32>> {
-        let cfg = &self.cfg;
-        let (h, v) = (cfg.hidden_size, cfg.vocab_size);
-        check_tokens(tokens, v)?;
-        let t = tokens.len();
-        let mut x = vec![0.0; t * h];
-        for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
-            self.dense.embed_tokens.row(tok as usize, row)?;
-        }
-        if let Some(f) = trace.as_mut() {
-            f(Stage::Embed(&x));
-        }
-        let mut normed = vec![0.0; t * h];
-        let mut delta = vec![0.0; t * h];
-        for (i, (layer, ls)) in self.dense.layers.iter().zip(&mut state.layers).enumerate() {
-            norm_rows(&x, &layer.input_layernorm, cfg.rms_norm_eps, &mut normed);
-            match (&layer.mixer, ls) {
-                (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => {
-                    delta_net::forward(w, cfg, conv, ssm, &normed, self.delta_mode, &mut delta);
-                }
-                (Mixer::Full(w), LayerState::Full { keys, values }) => {
-                    attention::forward(w, cfg, keys, values, state.pos, &normed, &mut delta);
-                }
-                _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
-            }
-            x.iter_mut().zip(&delta).for_each(|(a, b)| *a += b);
-            norm_rows(
-                &x,
-                &layer.post_attention_layernorm,
-                cfg.rms_norm_eps,
-                &mut normed,
-            );
-            let routes = moe::forward(
-                &layer.mlp,
-                cfg,
-                self.experts.as_ref(),
-                i,
-                &normed,
-                &mut delta,
-            )?;
-            x.iter_mut().zip(&delta).for_each(|(a, b)| *a += b);
-            if self.prefetch {
-                self.prefetch_next(i, &x);
-            }
-            if let Some(f) = trace.as_mut() {
-                f(Stage::Routes(i, &routes));
-                f(Stage::Layer(i, &x));
-            }
-        }
-        state.pos += t;
-        norm_rows(&x, &self.dense.norm, cfg.rms_norm_eps, &mut normed);
-        if let Some(f) = trace.as_mut() {
-            f(Stage::Norm(&normed));
-        }
-        let rows = match want {
-            Logits::All => &normed[..],
-            Logits::Last => &normed[(t - 1) * h..],
-            Logits::None => return Ok(Vec::new()),
-        };
-        let mut logits = vec![0.0; rows.len() / h * v];
-        self.dense.lm_head.forward_rows(rows, &mut logits);
-        Ok(logits)
+    /// Steps each engine has run over this model, by engine name.
+    pub fn step_counts(&self) -> Vec<(String, u64)> {
+        let c = self.steps.lock().unwrap_or_else(|p| p.into_inner());
+        c.iter().map(|(n, k)| (n.to_string(), *k)).collect()
     }
 }
 
@@ -263,7 +179,7 @@ impl Model {
     /// to start reading the [`PREFETCH_GUESSES`] likeliest experts, so the reads overlap the
     /// mixer's compute. Prefill chunks (several tokens) need nearly every expert anyway and
     /// read none ahead.
-    pub(crate) fn prefetch_next(&self, i: usize, x: &[f32]) {
+    pub fn prefetch_next(&self, i: usize, x: &[f32]) {
         let h = self.cfg.hidden_size;
         let Some(next) = self.dense.layers.get(i + 1) else {
             return;
@@ -284,7 +200,7 @@ impl Model {
     }
 }
 
-fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
+pub(crate) fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32]) {
     let h = w.len();
     for (xr, or) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
         ops::rms_norm(xr, w, eps, or);

@@ -52,7 +52,7 @@ pub struct OpenOptions {
     /// `None` uses what the device has free. Separate from `memory_budget`, which is host RAM.
     pub gpu_memory_budget: Option<u64>,
     /// Builds the engine of a backend brook-core does not contain ([`Backend::Cuda`]).
-    pub engine: Option<crate::model::engine::EngineMaker>,
+    pub engine: Option<crate::engine::EngineMaker>,
 }
 
 impl OpenOptions {
@@ -277,6 +277,7 @@ impl Model {
             // Guesses only pay where experts stream (a router product a layer otherwise).
             prefetch: opts.prefetch && slots < total,
             prefill_chunk: opts.prefill_chunk,
+            steps: Default::default(),
         })
     }
 }

@@ -16,8 +16,9 @@ use crate::error::{Error, Result};
 mod persist;
 use crate::model::Logits;
 use crate::model::Model;
-use crate::model::engine::Engine;
-use crate::model::open::{Backend, OpenOptions};
+use crate::engine::driver::Counters;
+use crate::engine::{EngineStats, Forward, GpuStats};
+use crate::model::open::OpenOptions;
 use crate::model::state::SeqState;
 use crate::text::{
     ChatTemplate, GenerationConfig, Message, Sampler, SamplingParams, StopReason, StreamEvent,
@@ -28,9 +29,10 @@ use crate::text::{
 #[derive(Debug)]
 pub struct Llm {
     pub model: Arc<Model>,
-    /// The forward pass over `model` (CPU kernels or a GPU), unless the reference backend
-    /// was chosen.
-    engine: Option<std::sync::Mutex<Box<dyn Engine>>>,
+    /// The forward pass over `model` the options chose, behind the driver.
+    forward: std::sync::Mutex<Forward<'static>>,
+    /// The driver's counts and its engine's name, readable while a forward call runs.
+    counters: (Arc<Counters>, &'static str),
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub template: Option<ChatTemplate>,
     pub generation: GenerationConfig,
@@ -76,6 +78,9 @@ pub struct GenOptions {
     /// Extra template variables.
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
     pub cancel: Option<CancelToken>,
+    /// Keep generating past the model's end-of-sequence ids (benchmarks, as llama-bench and
+    /// vLLM's `ignore_eos` do); stop strings still apply.
+    pub ignore_eos: bool,
 }
 
 /// Why a generation ended.
@@ -106,6 +111,8 @@ pub struct Usage {
 /// What a generation streams.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// A sampled token id, before its text (which may wait for the following tokens).
+    Token(u32),
     Content(String),
     Reasoning(String),
     ToolCall(ToolCall),
@@ -128,7 +135,9 @@ impl Llm {
     /// Opens a container or checkpoint folder; tokenizer and template are optional.
     pub fn open(dir: &Path, options: OpenOptions) -> Result<Self> {
         let model = Arc::new(Model::open_with(dir, &options)?);
-        let engine = make_engine(&model, dir, &options)?.map(std::sync::Mutex::new);
+        let forward = crate::engine::open(&model, dir, &options)?;
+        let counters = (forward.counters(), forward.name());
+        let forward = std::sync::Mutex::new(forward);
         let tokenizer = Tokenizer::from_dir(dir)?.map(Arc::new);
         let template = ChatTemplate::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
@@ -139,7 +148,8 @@ impl Llm {
         let stop_ids = generation.stop_ids(&model.cfg.eos_token_ids, tok_eos);
         Ok(Llm {
             model,
-            engine,
+            forward,
+            counters,
             tokenizer,
             template,
             generation,
@@ -149,29 +159,58 @@ impl Llm {
         })
     }
 
-    /// Feeds `tokens` into `state` with the configured backend and returns the logits asked
-    /// for.
+    /// Feeds `tokens` into `state` with the engine the options chose and returns the logits
+    /// asked for.
     pub fn forward(&self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<Vec<f32>> {
-        match &self.engine {
-            Some(engine) => {
-                let mut engine = engine.lock().unwrap_or_else(|p| p.into_inner());
-                Ok(engine.forward(state, tokens, want)?.to_vec())
-            }
-            None => self.model.forward(state, tokens, want, None),
-        }
+        let mut out = Vec::new();
+        self.forward_into(state, tokens, want, &mut out)?;
+        Ok(out)
+    }
+
+    /// [`Llm::forward`] into `out` (replaced; its memory is reused, so a decode loop allocates
+    /// nothing per token).
+    pub fn forward_into(
+        &self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.engine().forward_into(state, tokens, want, out)
+    }
+
+    fn engine(&self) -> std::sync::MutexGuard<'_, Forward<'static>> {
+        self.forward.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A fresh sequence state for the engine in use, with room for the context.
+    pub fn new_state(&self) -> SeqState {
+        self.engine().new_state(self.options.context)
+    }
+
+    /// Which engine runs and how many forward calls it made.
+    pub fn engine_stats(&self) -> EngineStats {
+        let (c, name) = &self.counters;
+        c.stats(name, &self.model)
+    }
+
+    /// The GPU engine's counters, if a GPU runs.
+    pub fn gpu_stats(&self) -> Option<GpuStats> {
+        self.engine().gpu_stats()
     }
 
     /// A new, empty conversation.
     pub fn session(self: &Arc<Self>) -> Session {
         Session {
             llm: self.clone(),
-            state: self.model.new_state(),
+            state: self.new_state(),
             fed: Vec::new(),
             messages: Vec::new(),
             text: String::new(),
             prefilled: 0,
             snapshot: None,
             snapshot_at: None,
+            logits: Vec::new(),
         }
     }
 
@@ -231,6 +270,8 @@ pub struct Session {
     snapshot: Option<Snapshot>,
     /// Where (tokens fed, text) the next feed should take that snapshot.
     snapshot_at: Option<(usize, String)>,
+    /// [V] logits of the last token fed, reused from token to token.
+    logits: Vec<f32>,
 }
 
 /// A copy of the state at a known point of the conversation.
@@ -264,7 +305,7 @@ impl Session {
 
     /// Forgets the conversation and the state.
     pub fn reset(&mut self) {
-        self.state = self.llm.model.new_state();
+        self.state = self.llm.new_state();
         self.fed.clear();
         self.messages.clear();
         self.text.clear();
@@ -328,7 +369,7 @@ impl Session {
             Err(e) => {
                 // The state may hold part of the prompt: drop it rather than let text and
                 // state disagree, and take the message back so a retry starts clean.
-                self.state = self.llm.model.new_state();
+                self.state = self.llm.new_state();
                 self.fed.clear();
                 self.text.clear();
                 self.snapshot = None;
@@ -373,7 +414,7 @@ impl Session {
                 self.snapshot = Some(snap);
             }
             _ => {
-                self.state = self.llm.model.new_state();
+                self.state = self.llm.new_state();
                 self.fed.clear();
                 self.text.clear();
             }
@@ -407,11 +448,12 @@ impl Session {
         };
         let cancel = opts.cancel.clone().unwrap_or_default();
         let t0 = Instant::now();
-        let mut logits = if prompt.is_empty() {
+        if prompt.is_empty() {
             return Err(Error::Invalid("nothing new to prefill".into()));
-        } else {
-            self.feed(prompt, &cancel)?
-        };
+        }
+        self.feed(prompt, &cancel)?;
+        // [V] logits of the last token fed; the buffer goes back to the session at the end.
+        let mut logits = std::mem::take(&mut self.logits);
         self.prefilled = prompt.len();
         usage.prefill_s = t0.elapsed().as_secs_f64();
         let mut sampler = Sampler::new(llm.sampling(opts), llm.model.cfg.vocab_size)?;
@@ -429,7 +471,8 @@ impl Session {
             }
             let next = sampler.sample(&mut logits, &self.fed);
             out.tokens.push(next);
-            let mut stop = llm.stop_ids.contains(&next);
+            on_event(Event::Token(next));
+            let mut stop = !opts.ignore_eos && llm.stop_ids.contains(&next);
             if let Some(ts) = text.as_deref_mut() {
                 for ev in ts.push(next) {
                     stop |= emit(ev, &mut out, on_event);
@@ -442,8 +485,11 @@ impl Session {
             if out.tokens.len() == max {
                 break;
             }
-            logits = self.feed(&[next], &cancel)?;
+            std::mem::swap(&mut logits, &mut self.logits);
+            self.feed(&[next], &cancel)?;
+            std::mem::swap(&mut logits, &mut self.logits);
         }
+        self.logits = logits;
         if let Some(ts) = text {
             for ev in ts.finish() {
                 emit(ev, &mut out, on_event);
@@ -468,10 +514,10 @@ impl Session {
         Ok(out)
     }
 
-    /// Runs `ids` through the model, appending them to the state; returns the last logits.
-    fn feed(&mut self, ids: &[u32], cancel: &CancelToken) -> Result<Vec<f32>> {
-        let chunk = self.llm.model.prefill_chunk.max(1);
-        let mut logits = Vec::new();
+    /// Runs `ids` through the model, appending them to the state; leaves the last token's
+    /// logits in `self.logits`.
+    fn feed(&mut self, ids: &[u32], cancel: &CancelToken) -> Result<()> {
+        let chunk = self.llm.options.prefill_chunk.max(1);
         let mut rest = ids;
         self.take_snapshot_if_due();
         while !rest.is_empty() {
@@ -486,15 +532,13 @@ impl Session {
                 n = n.min(at - self.fed.len());
             }
             let (part, tail) = rest.split_at(n);
-            logits = self
-                .llm
-                .model
-                .forward(&mut self.state, part, Logits::Last, None)?;
+            self.llm
+                .forward_into(&mut self.state, part, Logits::Last, &mut self.logits)?;
             self.fed.extend_from_slice(part);
             rest = tail;
             self.take_snapshot_if_due();
         }
-        Ok(logits)
+        Ok(())
     }
 
     fn take_snapshot_if_due(&mut self) {
@@ -531,29 +575,4 @@ fn emit(ev: StreamEvent, out: &mut Completion, on_event: &mut dyn FnMut(Event)) 
         StreamEvent::Stopped(StopReason::StopString(_) | StopReason::StopToken(_)) => return true,
     }
     false
-}
-
-/// The engine `options` choose for `model`: the CPU kernels, a plugged-in backend, or none
-/// (the reference pass).
-pub fn make_engine(
-    model: &Arc<Model>,
-    dir: &Path,
-    options: &OpenOptions,
-) -> Result<Option<Box<dyn Engine>>> {
-    match options.backend {
-        Backend::Reference => Ok(None),
-        Backend::Cpu => {
-            let o = options.cpu_options().unwrap_or_default();
-            Ok(Some(Box::new(crate::cpu::CpuModel::new_shared(
-                model.clone(),
-                o,
-            )?)))
-        }
-        Backend::Cuda => match &options.engine {
-            Some(make) => Ok(Some((make.0)(model.clone(), dir, options)?)),
-            None => Err(Error::Device(
-                "this program was built without the CUDA backend; use --backend cpu".into(),
-            )),
-        },
-    }
 }

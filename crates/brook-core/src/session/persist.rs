@@ -107,7 +107,7 @@ impl Llm {
             Ok(v)
         };
         let load_state = |prefix: &str| -> Result<SeqState> {
-            let mut state = self.model.new_state();
+            let mut state = self.new_state();
             for (i, l) in state.layers.iter_mut().enumerate() {
                 match l {
                     LayerState::Linear { conv, ssm } => {
@@ -172,6 +172,7 @@ impl Llm {
             prefilled: 0,
             snapshot,
             snapshot_at: None,
+            logits: Vec::new(),
         })
     }
 }

@@ -22,8 +22,10 @@ use crate::error::{Error, Result};
 use crate::safetensors::TensorInfo;
 
 mod presets;
+mod text;
 mod write;
 pub use presets::{PRESETS, preset_config};
+pub use text::{text_files, write_text_files};
 pub use write::{SHARD_BYTES, check_free_space, free_space, prepare_empty, write_checkpoint};
 
 /// How a synthetic tensor's bytes are made.

@@ -10,9 +10,9 @@
 use std::time::Instant;
 
 use anyhow::{Context, Result};
-use brook_core::Logits;
 use brook_core::experts::budget;
-use brook_core::text::argmax;
+use brook_core::session::{Event, GenOptions};
+use brook_core::text::{SamplingParams, StreamOptions, TextStream};
 use serde::{Deserialize, Serialize};
 
 mod tables;
@@ -274,7 +274,8 @@ fn run_one(a: &Args) -> Result<Row> {
     let t0 = Instant::now();
     let opts = a.model.options()?;
     let path = a.model.path()?;
-    let model = std::sync::Arc::new(brook_core::Model::open_with(&path, &opts)?);
+    let llm = a.model.open()?;
+    let model = &llm.model;
     let open_s = t0.elapsed().as_secs_f64();
     let cfg = model.cfg.clone();
     let threads = a
@@ -283,7 +284,6 @@ fn run_one(a: &Args) -> Result<Row> {
         .first()
         .copied()
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let mut runner = super::Runner::new(&model, &a.model)?;
 
     let container = brook_core::container::is_container(&path);
     let (model_bytes, expert_bytes) = model_sizes(&path)?;
@@ -301,7 +301,7 @@ fn run_one(a: &Args) -> Result<Row> {
     // The memory's read bandwidth, like the disk's, right before and right after the decode
     // test, and on the CPU backend between its bursts of tokens too: this host's moves
     // between 21 and 46 GB/s from one minute to the next.
-    let measure_mem = || super::memory_reads(&model, threads, 5, 1.0);
+    let measure_mem = || super::memory_reads(model, threads, 5, 1.0);
     let cpu_backend = a.model.backend == "cpu";
     let mut mem_during = super::MemReads::default();
 
@@ -312,67 +312,74 @@ fn run_one(a: &Args) -> Result<Row> {
         rng ^= rng << 17;
         (rng % cfg.vocab_size as u64) as u32
     };
+    // Every test runs through the calls chat and serve make: a session's prefill, the
+    // sampler, the text stream (detokenizing and stop checks) where the model has a
+    // tokenizer, greedy and past end-of-sequence ids as llama-bench runs.
+    let base = GenOptions {
+        sampling: Some(SamplingParams::default()),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let run = |prompt: &[u32], n: usize, on_event: &mut dyn FnMut(Event)| {
+        let mut session = llm.session();
+        let opts = GenOptions {
+            max_tokens: Some(n),
+            ..base.clone()
+        };
+        let mut text = llm
+            .tokenizer
+            .clone()
+            .map(|t| TextStream::new(t, StreamOptions::default()));
+        session.generate(prompt, &opts, text.as_mut(), on_event)
+    };
     // Warm-up: one short prefill and a few steps (not counted).
     {
-        let mut st = runner.new_state(a.model.context);
         let p: Vec<u32> = (0..8).map(|_| token()).collect();
-        runner.forward(&mut st, &p, Logits::Last)?;
-        for _ in 0..2 {
-            let t = token();
-            runner.forward(&mut st, &[t], Logits::Last)?;
-        }
+        run(&p, 2, &mut |_| {})?;
     }
     let mut pp = Vec::new();
     let mut ttft = Vec::new();
     if a.n_prompt > 0 {
         for _ in 0..a.repetitions {
             let prompt: Vec<u32> = (0..a.n_prompt).map(|_| token()).collect();
-            let mut st = runner.new_state(a.model.context);
-            let t = Instant::now();
-            let logits = runner.forward(&mut st, &prompt, Logits::Last)?;
-            let _first = argmax(&logits);
-            let secs = t.elapsed().as_secs_f64();
-            ttft.push(secs);
-            pp.push(a.n_prompt as f64 / secs);
+            let c = run(&prompt, 1, &mut |_| {})?;
+            ttft.push(c.usage.prefill_s);
+            pp.push(a.n_prompt as f64 / c.usage.prefill_s.max(1e-9));
         }
     }
     let disk_before = measure_disk()?;
     let mem_before = measure_mem();
     let mut tg = Vec::new();
     let before = model.experts.stats();
-    let gpu_before = runner.gpu_stats();
+    let gpu_before = llm.gpu_stats();
     let mut steps = 0u64;
     let mut decode_cpu_s = 0.0;
     if a.n_gen > 0 {
         for _ in 0..a.repetitions {
-            let mut st = runner.new_state(a.model.context);
-            if a.depth > 0 {
-                let context: Vec<u32> = (0..a.depth).map(|_| token()).collect();
-                runner.forward(&mut st, &context, Logits::None)?;
-            }
-            let first = token();
-            let mut logits = runner.forward(&mut st, &[first], Logits::Last)?;
-            // Bursts of tokens, timed alone, with a few reads of memory between them.
-            let (mut secs, mut done) = (0.0, 0);
-            while done < a.n_gen {
-                let burst = (a.n_gen - done).min(MEM_READ_EVERY);
-                let (t, cpu0) = (Instant::now(), budget::cpu_seconds());
-                for _ in 0..burst {
-                    let next = argmax(&logits);
-                    runner.forward_into(&mut st, &[next], Logits::Last, &mut logits)?;
+            // The depth's tokens and the first token are the prompt (its prefill untimed).
+            let prompt: Vec<u32> = (0..a.depth + 1).map(|_| token()).collect();
+            // Every MEM_READ_EVERY tokens a few reads of memory, whose time is taken out.
+            let (mut done, mut paused, mut cpu0) = (0, 0.0, None);
+            let c = run(&prompt, a.n_gen, &mut |e| {
+                if !matches!(e, Event::Token(_)) {
+                    return;
                 }
-                secs += t.elapsed().as_secs_f64();
-                decode_cpu_s += budget::cpu_seconds() - cpu0;
-                done += burst;
-                if cpu_backend && done < a.n_gen {
-                    mem_during.extend(&super::memory_reads(&model, threads, 3, 0.0));
+                cpu0.get_or_insert_with(budget::cpu_seconds);
+                done += 1;
+                if cpu_backend && done % MEM_READ_EVERY == 0 && done < a.n_gen {
+                    let (t, c) = (Instant::now(), budget::cpu_seconds());
+                    mem_during.extend(&super::memory_reads(model, threads, 3, 0.0));
+                    paused += t.elapsed().as_secs_f64();
+                    decode_cpu_s -= budget::cpu_seconds() - c;
                 }
-            }
-            tg.push(a.n_gen as f64 / secs);
+            })?;
+            decode_cpu_s += budget::cpu_seconds() - cpu0.unwrap_or_else(budget::cpu_seconds);
+            let secs = (c.usage.decode_s - paused).max(1e-9);
+            tg.push(c.usage.completion_tokens as f64 / secs);
             steps += a.n_gen as u64 + 1;
         }
     }
-    let gpu_after = runner.gpu_stats();
+    let gpu_after = llm.gpu_stats();
     let delta = match (model.experts.stats(), before) {
         (Some(after), Some(before)) => Some(after.since(&before)),
         _ => None,
@@ -413,7 +420,7 @@ fn run_one(a: &Args) -> Result<Row> {
     let bytes_read_per_token = delta.map_or(0.0, |d| per_tok(d.bytes_read));
     let expert_bytes_one = expert_bytes as f64 / (cfg.num_experts * cfg.num_hidden_layers) as f64;
     let embed = (model.dense.embed_tokens.table_bytes()) as f64;
-    let dense_bytes = dense_bytes(&model) as f64 - embed;
+    let dense_bytes = dense_bytes(model) as f64 - embed;
     let touched =
         dense_bytes + (cfg.num_experts_per_tok * cfg.num_hidden_layers) as f64 * expert_bytes_one;
     // The disk's bandwidth for the limit: the measurement before the runs, or what the runs'
@@ -513,7 +520,7 @@ fn run_one(a: &Args) -> Result<Row> {
         compute_s_per_token,
         read_s_per_token,
         open_s,
-        backend: runner.name().to_string(),
+        backend: llm.engine_stats().engine,
         gpu,
     })
 }

@@ -1,0 +1,279 @@
+//! [`Forward`]: the driver that owns the shell every engine shares.
+//!
+//! Token checks, the context limit, splitting a call into steps of at most the engine's
+//! chunk, which logits each step keeps, placing the state where the engine computes, starting
+//! a state afresh after a failed step, and counting: written once here, so an engine writes
+//! only its per-step maths. Mirrors mlx-lm's `generate_step` prefill loop (chunks of
+//! `prefill_step_size`, logits of the last chunk only).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::engine::{Engine, GpuStats, Routing, SeqStep, Step, Trace};
+use crate::error::{Error, Result};
+use crate::model::state::SeqState;
+use crate::model::{Logits, Model, check_tokens};
+
+/// What a [`Forward`] reports: which engine ran and how much.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+pub struct EngineStats {
+    /// "reference", "cpu" or "cuda".
+    pub engine: String,
+    /// Calls through this driver ([`Forward::forward`]).
+    pub forward_calls: u64,
+    /// Engine steps those calls made (a long prompt takes several).
+    pub steps: u64,
+    /// Tokens fed.
+    pub tokens: u64,
+    /// Steps each engine has run over this driver's model (any driver), by engine name: a
+    /// test can tell that the engine asked for ran and no other did.
+    pub model_steps: Vec<(String, u64)>,
+}
+
+/// A driver's counts, readable from other threads while a call runs (a server's `/health`).
+#[derive(Debug, Default)]
+pub struct Counters {
+    calls: AtomicU64,
+    steps: AtomicU64,
+    tokens: AtomicU64,
+}
+
+impl Counters {
+    /// The counts as stats of `engine` over `model`.
+    pub fn stats(&self, engine: &str, model: &Model) -> EngineStats {
+        EngineStats {
+            engine: engine.to_string(),
+            forward_calls: self.calls.load(Ordering::Relaxed),
+            steps: self.steps.load(Ordering::Relaxed),
+            tokens: self.tokens.load(Ordering::Relaxed),
+            model_steps: model.step_counts(),
+        }
+    }
+}
+
+/// The door to the forward pass: an engine behind the shared shell.
+#[derive(Debug)]
+pub struct Forward<'m> {
+    engine: Box<dyn Engine + 'm>,
+    /// Longest sequence a state may reach.
+    context: usize,
+    counters: Arc<Counters>,
+    /// The logits of the last call, reused from call to call (the 35B's are 1 MB).
+    out: Vec<f32>,
+}
+
+impl<'m> Forward<'m> {
+    /// `engine` behind the driver, with no context limit of its own (the engine's apply).
+    pub fn new(engine: impl Engine + 'm) -> Self {
+        Self::with_context(Box::new(engine), usize::MAX)
+    }
+
+    /// A boxed engine whose states may hold at most `context` tokens.
+    pub fn with_context(engine: Box<dyn Engine + 'm>, context: usize) -> Self {
+        Forward {
+            engine,
+            context,
+            counters: Arc::default(),
+            out: Vec::new(),
+        }
+    }
+
+    /// The f32 reference pass over `model`.
+    pub fn reference(model: &'m Model) -> Self {
+        Self::new(crate::engine::Reference::new(model))
+    }
+
+    pub fn engine(&self) -> &dyn Engine {
+        self.engine.as_ref()
+    }
+
+    pub fn engine_mut(&mut self) -> &mut (dyn Engine + 'm) {
+        self.engine.as_mut()
+    }
+
+    pub fn name(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    pub fn model(&self) -> &Model {
+        self.engine.model()
+    }
+
+    /// A fresh state with room for `reserve_tokens` (see [`Engine::new_state`]).
+    pub fn new_state(&self, reserve_tokens: usize) -> SeqState {
+        self.engine.new_state(reserve_tokens)
+    }
+
+    /// Feeds `tokens` into `state` and returns the logits asked for: [T, V], [V] or empty.
+    pub fn forward(&mut self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<&[f32]> {
+        self.forward_traced(state, tokens, want, None)
+    }
+
+    /// [`Forward::forward`] reporting intermediate values to `trace` (engines that can).
+    pub fn forward_traced(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        trace: Trace<'_>,
+    ) -> Result<&[f32]> {
+        let mut out = std::mem::take(&mut self.out);
+        let r = self.run(state, tokens, want, Routing::Router, trace, &mut out);
+        self.out = out;
+        r.map(|()| &self.out[..])
+    }
+
+    /// [`Forward::forward`] with the routed experts given (a routing trace replayed).
+    pub fn forward_routed(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        routing: Routing<'_>,
+    ) -> Result<&[f32]> {
+        let mut out = std::mem::take(&mut self.out);
+        let r = self.run(state, tokens, want, routing, None, &mut out);
+        self.out = out;
+        r.map(|()| &self.out[..])
+    }
+
+    /// [`Forward::forward`] into the caller's buffer (replaced, its memory reused).
+    pub fn forward_into(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.run(state, tokens, want, Routing::Router, None, out)
+    }
+
+    fn run(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        routing: Routing<'_>,
+        trace: Trace<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let c = &self.counters;
+        c.calls.fetch_add(1, Ordering::Relaxed);
+        let call = Call {
+            state,
+            tokens,
+            want,
+            routing,
+            trace,
+            context: self.context,
+        };
+        let steps = drive(self.engine.as_mut(), call, out)?;
+        c.steps.fetch_add(steps, Ordering::Relaxed);
+        c.tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Which engine ran and how much.
+    pub fn stats(&self) -> EngineStats {
+        self.counters.stats(self.engine.name(), self.engine.model())
+    }
+
+    /// The counts behind [`Forward::stats`], to read while this driver is busy.
+    pub fn counters(&self) -> Arc<Counters> {
+        self.counters.clone()
+    }
+
+    /// The GPU engine's counters, if a GPU runs.
+    pub fn gpu_stats(&self) -> Option<GpuStats> {
+        self.engine.gpu_stats()
+    }
+}
+
+/// One forward call: what [`drive`] feeds.
+pub struct Call<'a, 't> {
+    pub state: &'a mut SeqState,
+    pub tokens: &'a [u32],
+    pub want: Logits,
+    pub routing: Routing<'a>,
+    pub trace: Trace<'t>,
+    /// Longest sequence the state may reach.
+    pub context: usize,
+}
+
+impl std::fmt::Debug for Call<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Call")
+            .field("tokens", &self.tokens.len())
+            .field("want", &self.want)
+            .field("routing", &self.routing)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The shell around an engine's steps: checks `call`, places the state, feeds the tokens in
+/// steps of at most the engine's chunk, keeps the logits asked for in `out` (replaced), and
+/// starts the state afresh if a step fails. Returns the steps taken.
+pub fn drive(engine: &mut (dyn Engine + '_), call: Call<'_, '_>, out: &mut Vec<f32>) -> Result<u64> {
+    let Call {
+        state,
+        tokens,
+        want,
+        routing,
+        mut trace,
+        context,
+    } = call;
+    out.clear();
+    let caps = engine.caps();
+    check_tokens(tokens, engine.model().cfg.vocab_size)?;
+    if state.pos.saturating_add(tokens.len()) > context {
+        return Err(Error::Invalid(format!(
+            "context full: {} + {} tokens exceed the context of {context} (open with a larger --context)",
+            state.pos,
+            tokens.len(),
+        )));
+    }
+    if matches!(routing, Routing::Given(_)) && !caps.given_routes {
+        return Err(Error::Invalid(format!(
+            "the {} engine cannot replay a routing; use another --backend",
+            engine.name()
+        )));
+    }
+    if trace.is_some() && !caps.trace {
+        return Err(Error::Invalid(format!(
+            "the {} engine does not report intermediate values",
+            engine.name()
+        )));
+    }
+    engine.place(state, tokens.len())?;
+    let chunk = caps.max_chunk.max(1);
+    let n = tokens.len().div_ceil(chunk);
+    for (i, part) in tokens.chunks(chunk).enumerate() {
+        let want = match want {
+            Logits::All => Logits::All,
+            Logits::Last if i + 1 == n => Logits::Last,
+            _ => Logits::None,
+        };
+        let mut seqs = [SeqStep {
+            state: &mut *state,
+            tokens: part,
+            want,
+            logits: &mut *out,
+        }];
+        let step = Step {
+            seqs: &mut seqs,
+            routing,
+            trace: match trace {
+                Some(ref mut f) => Some(&mut **f),
+                None => None,
+            },
+        };
+        if let Err(e) = engine.step(step) {
+            // The state may be half-updated: start the sequence afresh rather than let a
+            // later call continue from garbage.
+            *state = engine.new_state(0);
+            return Err(e);
+        }
+        engine.model().count_step(engine.name());
+    }
+    Ok(n as u64)
+}
