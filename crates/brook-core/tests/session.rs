@@ -164,3 +164,69 @@ fn saved_session_restores_and_continues_identically() {
     std::fs::write(&file, b"not a session").expect("write");
     assert!(llm.restore(&file).is_err());
 }
+
+/// Regression test for "one door to the forward pass": `Session::feed` ran the f32 reference
+/// pass whatever backend was asked for, so every face computed on the slowest engine.
+#[test]
+fn sessions_run_the_engine_asked_for_and_no_other() {
+    // Models of their own: the shared one counts the other tests' calls too.
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::chat_model(dir.path());
+    let open = |backend| {
+        let opts = OpenOptions {
+            backend,
+            context: 2048,
+            ..Default::default()
+        };
+        std::sync::Arc::new(Llm::open(&path, opts).expect("open"))
+    };
+    let llm = open(brook_core::model::open::Backend::Cpu);
+    let before = llm.engine_stats();
+    assert_eq!(before.engine, "cpu");
+    let mut s = llm.session();
+    let opts = GenOptions {
+        ignore_eos: true,
+        ..greedy(5)
+    };
+    let c = s
+        .chat(Message::new("user", "Which engine runs?"), &opts, &mut |_| {})
+        .expect("chat");
+    assert_eq!(c.tokens.len(), 5);
+    let after = llm.engine_stats();
+    // One prefill call split at the snapshot point (the end of the messages, then the
+    // generation prompt), then one call per generated token.
+    let calls = after.forward_calls - before.forward_calls;
+    assert_eq!(calls, 2 + 5, "{after:?}");
+    assert!(
+        after.model_steps.iter().all(|(name, _)| name == "cpu"),
+        "another engine ran over the model: {after:?}"
+    );
+    assert_eq!(after.model_steps, vec![("cpu".to_string(), after.steps)]);
+
+    // The reference backend is an engine like the others, and gives the same greedy tokens.
+    let reference = open(brook_core::model::open::Backend::Reference);
+    let mut r = reference.session();
+    let rc = r
+        .chat(Message::new("user", "Which engine runs?"), &opts, &mut |_| {})
+        .expect("chat");
+    assert_eq!(rc.tokens, c.tokens);
+    let st = reference.engine_stats();
+    assert_eq!(st.engine, "reference");
+    assert_eq!(st.forward_calls, 2 + 5);
+    assert_eq!(st.model_steps, vec![("reference".to_string(), st.steps)]);
+}
+
+#[test]
+fn a_token_event_comes_for_every_generated_token() {
+    let llm = llm();
+    let mut s = llm.session();
+    let mut seen = Vec::new();
+    let c = s
+        .generate(&[1, 2, 3], &greedy(4), None, &mut |e| {
+            if let Event::Token(t) = e {
+                seen.push(t);
+            }
+        })
+        .expect("generate");
+    assert_eq!(seen, c.tokens);
+}
