@@ -261,7 +261,7 @@ fn run(session: &mut Session, mode: &mut Mode, job: &Job) -> Result<Completion, 
                 tok,
                 StreamOptions {
                     stop_strings: job.opts.stop.clone(),
-                    stop_ids: llm.stop_ids.clone(),
+                    stop_ids: llm.stop_ids(&job.opts),
                     parse_reasoning: false,
                     parse_tool_calls: false,
                     ..Default::default()

@@ -143,6 +143,7 @@ pub fn run(a: Args) -> Result<()> {
             enable_thinking: think,
             sampling: Some(a.sampling.params(&llm)),
             cancel: Some(cancel.clone()),
+            ignore_eos: a.sampling.ignore_eos,
             ..Default::default()
         };
         opts.stop.clone_from(&a.sampling.stop);

@@ -48,6 +48,7 @@ pub fn run(a: Args) -> Result<()> {
         max_tokens: Some(a.max_tokens),
         enable_thinking: a.think,
         sampling: Some(a.sampling.params(&llm)),
+        ignore_eos: a.sampling.ignore_eos,
         ..Default::default()
     };
     opts.stop.clone_from(&a.sampling.stop);
@@ -104,7 +105,7 @@ pub fn run(a: Args) -> Result<()> {
             let mut ts = brook_core::text::TextStream::new(
                 llm.tokenizer()?.clone(),
                 brook_core::text::StreamOptions {
-                    stop_ids: llm.stop_ids.clone(),
+                    stop_ids: llm.stop_ids(&opts),
                     stop_strings: opts.stop.clone(),
                     parse_reasoning: false,
                     ..Default::default()

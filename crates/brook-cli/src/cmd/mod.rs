@@ -275,6 +275,10 @@ pub struct SamplingArgs {
     /// Stop strings (repeatable).
     #[arg(long)]
     pub stop: Vec<String>,
+    /// Keep generating past the model's end-of-sequence ids (llama.cpp's --ignore-eos; for
+    /// benchmarks: exactly --max-tokens tokens).
+    #[arg(long)]
+    pub ignore_eos: bool,
 }
 
 impl SamplingArgs {

@@ -246,6 +246,15 @@ impl Llm {
         )?)
     }
 
+    /// The ids that end a generation with `opts`: none when it ignores end-of-sequence.
+    pub fn stop_ids(&self, opts: &GenOptions) -> Vec<u32> {
+        if opts.ignore_eos {
+            Vec::new()
+        } else {
+            self.stop_ids.clone()
+        }
+    }
+
     /// Sampling parameters for `opts`.
     pub fn sampling(&self, opts: &GenOptions) -> SamplingParams {
         opts.sampling
@@ -352,7 +361,7 @@ impl Session {
         };
         let stream = StreamOptions {
             stop_strings: opts.stop.clone(),
-            stop_ids: self.llm.stop_ids.clone(),
+            stop_ids: self.llm.stop_ids(opts),
             starts_in_reasoning: prompt_opens_reasoning(&prompt),
             tools: opts
                 .tools

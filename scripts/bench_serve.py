@@ -1,0 +1,87 @@
+#!/usr/bin/env python3
+"""Speed of `brook serve` as an OpenAI client sees it: one streamed completion at a time.
+
+Usage:
+    python3 scripts/bench_serve.py --base-url http://127.0.0.1:PORT/v1 \
+        --prompt-tokens 512 --max-tokens 128 [-r 2] [--json]
+
+Needs the `openai` package (crates/brook-server/tests/python/requirements.txt pins it). The
+prompt is `--prompt-tokens` random token ids sent to /v1/completions (a list of ids is a valid
+OpenAI prompt), so its length is exact; `ignore_eos` (vLLM's extension, which brook takes)
+makes the reply exactly `--max-tokens` tokens. Per run it prints the time to the first
+streamed token and the decode rate after it: (completion tokens - 1) / (time of the last
+chunk - time of the first), both on the client's clock, over HTTP and SSE. Compare with
+`brook bench -p N -n M` on the same model and budget.
+"""
+
+import argparse
+import json
+import random
+import statistics
+import time
+
+from openai import OpenAI
+
+
+def one(client, model, prompt, max_tokens):
+    t0 = time.perf_counter()
+    first = last = None
+    usage = None
+    stream = client.completions.create(
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+        extra_body={"ignore_eos": True},
+    )
+    for chunk in stream:
+        now = time.perf_counter()
+        if chunk.choices and chunk.choices[0].text:
+            if first is None:
+                first = now
+            last = now
+        if chunk.usage is not None:
+            usage = chunk.usage
+    if first is None or usage is None:
+        raise SystemExit("the stream carried no text or no usage")
+    n = usage.completion_tokens
+    decode = (n - 1) / max(last - first, 1e-9)
+    return {"ttft_s": first - t0, "decode_tok_s": decode, "completion_tokens": n,
+            "prompt_tokens": usage.prompt_tokens}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--base-url", required=True)
+    ap.add_argument("--prompt-tokens", type=int, default=512)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("-r", "--repetitions", type=int, default=2)
+    ap.add_argument("--vocab", type=int, default=150000, help="draw prompt ids below this")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    client = OpenAI(base_url=a.base_url, api_key="none", timeout=3600)
+    model = client.models.list().data[0].id
+    rng = random.Random(1)
+    # Warm-up, as brook bench does.
+    one(client, model, [rng.randrange(a.vocab) for _ in range(8)], 2)
+    rows = []
+    for _ in range(a.repetitions):
+        prompt = [rng.randrange(a.vocab) for _ in range(a.prompt_tokens)]
+        r = one(client, model, prompt, a.max_tokens)
+        rows.append(r)
+        if not a.json:
+            print(f"ttft {r['ttft_s']:.2f} s, decode {r['decode_tok_s']:.2f} tok/s "
+                  f"({r['prompt_tokens']} prompt, {r['completion_tokens']} generated)")
+    summary = {
+        "ttft_s": statistics.mean(r["ttft_s"] for r in rows),
+        "decode_tok_s": statistics.mean(r["decode_tok_s"] for r in rows),
+        "runs": rows,
+    }
+    print(json.dumps(summary) if a.json else
+          f"mean: ttft {summary['ttft_s']:.2f} s, decode {summary['decode_tok_s']:.2f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
