@@ -168,7 +168,7 @@ fn mid_container(dir: &std::path::Path) -> PathBuf {
     t["moe_intermediate_size"] = 512.into();
     t["shared_expert_intermediate_size"] = 512.into();
     t["vocab_size"] = 8192.into();
-    let store = brook_core::synth::SynthStore::from_config("mid", cfg, 4, 7).expect("synth");
+    let store = brook_core::synth::SynthModel::from_config("mid", cfg, 4, 7).expect("synth");
     let out = dir.join("mid");
     brook_core::container::repack::repack(&store.repack_source(), &out, &mut |_| {})
         .expect("repack");

@@ -37,11 +37,22 @@ fn generate_runs_the_backend_asked_for() {
         let out = brook(dir.path())
             .args(["generate", "--model"])
             .arg(&model)
-            .args(["--prompt", "Hello", "--max-tokens", "4", "--temperature", "0"])
+            .args([
+                "--prompt",
+                "Hello",
+                "--max-tokens",
+                "4",
+                "--temperature",
+                "0",
+            ])
             .args(["--backend", backend, "--json"])
             .output()
             .expect("run");
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
         only(&v["engine"], backend);
         for key in ["decode_tok_s", "ttft_s", "peak_rss_bytes"] {
@@ -60,7 +71,14 @@ fn chat_through_stdin_runs_the_backend_asked_for() {
         let mut child = brook(dir.path())
             .args(["chat", "--model"])
             .arg(&model)
-            .args(["--max-tokens", "3", "--temperature", "0", "--backend", backend])
+            .args([
+                "--max-tokens",
+                "3",
+                "--temperature",
+                "0",
+                "--backend",
+                backend,
+            ])
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -71,7 +89,11 @@ fn chat_through_stdin_runs_the_backend_asked_for() {
         drop(stdin);
         let out = child.wait_with_output().expect("wait");
         let text = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "{text}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{text}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(text.contains(&format!("the {backend} engine")), "{text}");
     }
 }
@@ -112,7 +134,8 @@ fn serve_runs_the_cpu_engine() {
             .and_then(|r| r.split('/').next())
             .expect("address")
             .to_string();
-        let req = r#"{"messages":[{"role":"user","content":"Hello"}],"max_tokens":3,"temperature":0}"#;
+        let req =
+            r#"{"messages":[{"role":"user","content":"Hello"}],"max_tokens":3,"temperature":0}"#;
         let answer = http(
             &addr,
             &format!(

@@ -16,10 +16,10 @@ use std::time::Instant;
 
 use brook_core::cpu::pool::{SharedMut, split};
 use brook_core::cpu::{CpuModel, CpuOptions, CpuPool, Precision};
+use brook_core::experts::source::{ExpertHandle, ExpertSource};
 use brook_core::model::delta_net::DeltaMode;
-use brook_core::model::moe::{ExpertHandle, ExpertSource};
 use brook_core::model::weights::Loader;
-use brook_core::synth::SynthStore;
+use brook_core::synth::SynthModel;
 use brook_core::text::argmax;
 use brook_core::{Logits, Model, Result, Stage};
 
@@ -79,14 +79,14 @@ fn main() -> Result<()> {
         env("BROOK_BENCH_DECODE", 16),
     );
     let t0 = Instant::now();
-    let store = SynthStore::new("qwen3.6-35b-a3b", 4, 7)?;
+    let store = SynthModel::new("qwen3.6-35b-a3b", 4, 7)?;
     let cfg = store.config.clone();
     let loader = Loader::new(&store, &cfg);
     let mut dense = loader.dense()?;
     // As `Model::open_with` gives the CPU backend where VNNI exists, with every expert
     // resident; BROOK_BENCH_TILES=0 keeps the checkpoint's row order.
     let tiles = env("BROOK_BENCH_TILES", 1) == 1
-        && brook_core::model::open::OpenOptions::default().cpu_tiles();
+        && brook_core::engine::tiles_dense(&brook_core::model::open::OpenOptions::default());
     if tiles {
         println!("{} dense matrices in 16-row tiles", dense.tile());
     }
@@ -171,7 +171,7 @@ fn main() -> Result<()> {
     let parse = |name: &str| match name {
         "split24" => Precision::Split24,
         "fast" => Precision::Fast,
-        _ => Precision::F32,
+        _ => Precision::Exact,
     };
     let first_precision = parse(list.split(',').next().unwrap_or(""));
     let mut first: Option<Run> = None;

@@ -17,8 +17,8 @@ use brook_core::cpu::{
     qmatmul_pool_at, qmatvec_pool_at,
 };
 use brook_core::dtype::DType;
+use brook_core::experts::source::ExpertData;
 use brook_core::linear::{Linear, Weights};
-use brook_core::model::moe::ExpertData;
 use brook_core::model::weights::Expert;
 use criterion::{Criterion, Throughput, criterion_group, criterion_main};
 
@@ -183,11 +183,11 @@ fn matvec(c: &mut Criterion) {
         for &t in threads {
             let pool = CpuPool::new(t);
             for (p, pname) in [
-                (Precision::F32, "f32"),
+                (Precision::Exact, "f32"),
                 (Precision::Split24, "split24"),
                 (Precision::Fast, "fast"),
             ] {
-                if p != Precision::F32 && !split {
+                if p != Precision::Exact && !split {
                     continue;
                 }
                 g.bench_function(format!("{name}/{}/{pname}/{t}t", level.name()), |b| {
@@ -271,7 +271,7 @@ fn activations(c: &mut Criterion) {
     let mut g = c.benchmark_group("activations");
     let x = rng.vec(2048, 1.0);
     let mut xp = XPrep::new();
-    for p in [Precision::F32, Precision::Fast] {
+    for p in [Precision::Exact, Precision::Fast] {
         g.bench_function(format!("prepare_2048/{}-{p:?}", level.name()), |b| {
             b.iter(|| {
                 xp.prepare_with(level, p, black_box(&x));

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::safetensors::{SafeFile, TensorInfo};
 
 /// Anything that serves tensors by canonical name: a checkpoint or a container.
-pub trait TensorStore {
+pub trait TensorSource {
     /// The folder the tensors come from, for error messages.
     fn dir(&self) -> &Path;
     /// Location and type of tensor `name`, if present.
@@ -35,7 +35,7 @@ pub trait TensorStore {
         let len = self.require(name)?.len;
         self.read_range(name, 0, len)
     }
-    /// Like [`TensorStore::info`] but a missing tensor is an error naming it.
+    /// Like [`TensorSource::info`] but a missing tensor is an error naming it.
     fn require(&self, name: &str) -> Result<&TensorInfo> {
         self.info(name).ok_or_else(|| Error::MissingTensor {
             name: name.to_string(),
@@ -145,7 +145,7 @@ impl Checkpoint {
     }
 }
 
-impl TensorStore for Checkpoint {
+impl TensorSource for Checkpoint {
     fn dir(&self) -> &Path {
         &self.dir
     }

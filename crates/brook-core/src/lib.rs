@@ -22,8 +22,8 @@ pub mod store;
 pub mod synth;
 pub mod text;
 
-pub use checkpoint::{Checkpoint, TensorStore};
+pub use checkpoint::{Checkpoint, TensorSource};
 pub use config::ModelConfig;
-pub use error::{Error, Result};
 pub use engine::Forward;
+pub use error::{Error, Result};
 pub use model::{Logits, Model, Stage};

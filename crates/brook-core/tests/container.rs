@@ -4,7 +4,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use brook_core::checkpoint::TensorStore;
+use brook_core::checkpoint::TensorSource;
 use brook_core::container::repack::{RepackSource, repack};
 use brook_core::container::verify::verify;
 use brook_core::container::{Container, layer_file};
@@ -28,7 +28,7 @@ fn verify_dir(dir: &Path, source: Option<&str>) -> brook_core::container::verify
     let src = source.map(|s| Checkpoint::open(&fixture(s)).expect("source"));
     verify(
         &c,
-        src.as_ref().map(|s| s as &dyn TensorStore),
+        src.as_ref().map(|s| s as &dyn TensorSource),
         &mut |_, _| {},
     )
     .expect("verify")
@@ -249,7 +249,7 @@ fn repack_refuses_foreign_folders() {
 
 #[test]
 fn every_synth_preset_has_real_shapes_and_finite_activations() {
-    use brook_core::synth::{PRESETS, SynthStore};
+    use brook_core::synth::{PRESETS, SynthModel};
     // Sizes in GB of the 4-bit presets (MODEL.md §6 for the 35B and 80B).
     for (preset, lo, hi) in [
         ("qwen3.6-35b-a3b", 19.4, 19.6),
@@ -259,13 +259,13 @@ fn every_synth_preset_has_real_shapes_and_finite_activations() {
         ("qwen3.5-397b-a17b", 222.0, 224.5),
     ] {
         assert!(PRESETS.contains(&preset));
-        let s = SynthStore::new(preset, 4, 0).expect(preset);
+        let s = SynthModel::new(preset, 4, 0).expect(preset);
         let gb = s.total_bytes() as f64 / 1e9;
         assert!(gb > lo && gb < hi, "{preset}: {gb:.2} GB");
     }
     // The tiny preset runs: every layer's output is finite and of moderate size.
     let dir = tempfile::tempdir().expect("tmp");
-    let s = SynthStore::new("tiny", 4, 0).expect("tiny");
+    let s = SynthModel::new("tiny", 4, 0).expect("tiny");
     let out = dir.path().join("c");
     repack(&s.repack_source(), &out, &mut |_| {}).expect("repack");
     let m = Model::open(&out).expect("open");

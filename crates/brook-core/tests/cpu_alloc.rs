@@ -54,7 +54,7 @@ fn decode_step_allocates_nothing_after_warm_up() {
             continue;
         }
         let tokens = Reference::open(name).ids("tokens");
-        for precision in [Precision::F32, Precision::Split24, Precision::Fast] {
+        for precision in [Precision::Exact, Precision::Split24, Precision::Fast] {
             let opts = CpuOptions {
                 threads: 2,
                 max_chunk: 32,

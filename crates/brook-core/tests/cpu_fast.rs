@@ -216,7 +216,7 @@ fn fast_forward_agrees_with_the_exact_path_on_every_fixture() {
         let (v, layers) = (model.cfg.vocab_size, model.cfg.num_hidden_layers);
         let r = Reference::open(name);
         let tokens = r.ids("tokens");
-        let (want, want_routes, want_greedy) = run(&model, &tokens, Precision::F32);
+        let (want, want_routes, want_greedy) = run(&model, &tokens, Precision::Exact);
         let (got, routes, greedy) = run(&model, &tokens, Precision::Fast);
         let err = rel_l2(&got, &want);
         let changed = routes
@@ -299,7 +299,7 @@ fn fast_decode_holds_the_recurrent_states_in_bf16() {
         precision,
     };
     let mut fast = CpuModel::new(&model, opts(Precision::Fast)).expect("cpu");
-    let mut exact = CpuModel::new(&model, opts(Precision::F32)).expect("cpu");
+    let mut exact = CpuModel::new(&model, opts(Precision::Exact)).expect("cpu");
     let mut st = fast.new_state(64);
     fast.forward(&mut st, &tokens[..8], Logits::Last)
         .expect("prefill");

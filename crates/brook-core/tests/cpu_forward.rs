@@ -8,7 +8,8 @@
 mod common;
 
 use brook_core::cpu::{CpuModel, CpuOptions, Precision, SimdLevel};
-use brook_core::model::moe::{ExpertHandle, ExpertSource, ResidentExperts, Route};
+use brook_core::experts::source::{ExpertHandle, ExpertSource, ResidentExperts};
+use brook_core::model::moe::Route;
 use brook_core::model::state::LayerState;
 use brook_core::{Logits, Model, Stage};
 use common::{MODELS, Reference, argmax, fixture, rel_l2};
@@ -19,14 +20,14 @@ fn opts(level: SimdLevel, threads: usize, max_chunk: usize) -> CpuOptions {
         max_chunk,
         max_context: 64,
         level: Some(level),
-        precision: Precision::F32,
+        precision: Precision::Exact,
     }
 }
 
 /// Every (level, precision) this CPU runs: each level at F32, plus Split24 where VNNI exists.
 fn variants() -> Vec<(SimdLevel, Precision)> {
     let mut v: Vec<_> = SimdLevel::supported()
-        .map(|l| (l, Precision::F32))
+        .map(|l| (l, Precision::Exact))
         .collect();
     if SimdLevel::has_vnni() {
         v.push((SimdLevel::Avx512, Precision::Split24));

@@ -16,8 +16,9 @@ use brook_core::cpu::ops::{
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{SimdLevel, SwigluScratch, expert_swiglu};
 use brook_core::dtype::DType;
+use brook_core::experts::source::ExpertData;
 use brook_core::model::delta_net::{DeltaInputs, delta_rule_chunked, delta_rule_recurrent};
-use brook_core::model::moe::{ExpertData, route, swiglu};
+use brook_core::model::moe::{route, swiglu};
 use brook_core::model::weights::{Expert, MoeWeights};
 use brook_core::model::{attention, ops};
 use common::{fixture, rel_l2};

@@ -164,7 +164,7 @@ fn tiled_matvec_matches_reference_at_every_level_and_precision() {
                 w.forward_rows(&x, &mut want);
                 let scale = row_scales(&w, &x);
                 let fast = bounds(&w, &x);
-                let mut precisions = vec![Precision::F32];
+                let mut precisions = vec![Precision::Exact];
                 if SimdLevel::has_vnni() {
                     precisions.extend([Precision::Split24, Precision::Fast]);
                 }
@@ -203,7 +203,7 @@ fn rows_and_tiles_give_the_same_bits_where_vnni_exists() {
                 let w = q4(&mut rng, out, inp, group, float);
                 let t = tiled(&w);
                 let x = spread(&mut rng, inp);
-                for p in [Precision::F32, Precision::Split24, Precision::Fast] {
+                for p in [Precision::Exact, Precision::Split24, Precision::Fast] {
                     xp.prepare_with(SimdLevel::Avx512, p, &x);
                     let (mut yr, mut yt) = (vec![f32::NAN; out], vec![f32::NAN; out]);
                     matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut yr, 0..out);
@@ -242,7 +242,7 @@ fn tiled_matmul_matches_reference_at_every_level_and_precision() {
                 scale.extend(row_scales(&w, xt));
                 fast.extend(bounds(&w, xt));
             }
-            let mut precisions = vec![Precision::F32];
+            let mut precisions = vec![Precision::Exact];
             if SimdLevel::has_vnni() {
                 precisions.extend([Precision::Split24, Precision::Fast]);
             }

@@ -189,7 +189,11 @@ fn sessions_run_the_engine_asked_for_and_no_other() {
         ..greedy(5)
     };
     let c = s
-        .chat(Message::new("user", "Which engine runs?"), &opts, &mut |_| {})
+        .chat(
+            Message::new("user", "Which engine runs?"),
+            &opts,
+            &mut |_| {},
+        )
         .expect("chat");
     assert_eq!(c.tokens.len(), 5);
     let after = llm.engine_stats();
@@ -207,7 +211,11 @@ fn sessions_run_the_engine_asked_for_and_no_other() {
     let reference = open(brook_core::model::open::Backend::Reference);
     let mut r = reference.session();
     let rc = r
-        .chat(Message::new("user", "Which engine runs?"), &opts, &mut |_| {})
+        .chat(
+            Message::new("user", "Which engine runs?"),
+            &opts,
+            &mut |_| {},
+        )
         .expect("chat");
     assert_eq!(rc.tokens, c.tokens);
     let st = reference.engine_stats();

@@ -202,7 +202,7 @@ fn a_layer_file_that_shrinks_or_disappears_gives_an_error_not_a_crash() {
 /// model gives an error naming it, not a crash.
 #[test]
 fn the_embedding_table_stays_on_disk_and_reads_the_same_rows() {
-    use brook_core::TensorStore;
+    use brook_core::TensorSource;
     use brook_core::model::embedding::Embedding;
     let dir = tempfile::tempdir().expect("tmp");
     let c = dir.path().join("c");
@@ -263,7 +263,7 @@ fn cpu_decode_with_prefetch_is_bit_identical_and_reads_ahead() {
                 max_chunk: 8,
                 max_context: 64,
                 level: Some(SimdLevel::detect()),
-                precision: Precision::F32,
+                precision: Precision::Exact,
             };
             let mut cpu = CpuModel::new(m, opts).expect("cpu");
             let mut st = cpu.new_state(64);
@@ -300,7 +300,7 @@ fn cpu_decode_with_prefetch_is_bit_identical_and_reads_ahead() {
 fn a_cache_growing_mid_run_changes_only_its_reads() {
     use brook_core::container::Container;
     use brook_core::experts::ExpertCache;
-    use brook_core::experts::store::ExpertStore;
+    use brook_core::experts::files::ExpertFiles;
     for name in MODELS {
         let dir = tempfile::tempdir().expect("tmp");
         let c = dir.path().join("c");
@@ -329,7 +329,7 @@ fn a_cache_growing_mid_run_changes_only_its_reads() {
         let (k, layers) = (m.cfg.num_experts_per_tok, m.cfg.num_hidden_layers);
         let total = m.cfg.num_experts * layers;
         let cache = ExpertCache::new(
-            ExpertStore::open(&ct).expect("store"),
+            ExpertFiles::open(&ct).expect("store"),
             ct.layouts.clone(),
             stride.expect("experts") as usize,
             m.cfg.num_experts,

@@ -37,7 +37,10 @@ fn synthetic_presets_get_their_familys_tokenizer_template_and_generation_config(
         let ids = tok.encode(&prompt, false).expect("encode");
         assert!(ids.contains(&im_end), "{preset}: {prompt}");
         assert!(ids.iter().all(|&i| (i as usize) < cfg.vocab_size));
-        assert_eq!(generation.stop_ids(&cfg.eos_token_ids, None)[..2], stops[..]);
+        assert_eq!(
+            generation.stop_ids(&cfg.eos_token_ids, None)[..2],
+            stops[..]
+        );
         // A second write keeps what is there.
         assert_eq!(write_text_files(dir.path(), &cfg).expect("again"), 0);
     }

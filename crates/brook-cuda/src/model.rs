@@ -10,9 +10,9 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brook_core::config::ModelConfig;
-use brook_core::experts::budget::fmt_bytes;
 use brook_core::engine::driver::{Call, drive};
 use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step};
+use brook_core::experts::budget::fmt_bytes;
 use brook_core::model::open::OpenOptions;
 use brook_core::model::state::SeqState;
 use brook_core::model::{Logits, Model};
@@ -180,7 +180,13 @@ impl CudaModel {
 
     /// One chunk of one sequence, whose state `place` put on this GPU; appends the logits
     /// `want` asks for to `out`.
-    fn step_one(&mut self, state: &mut SeqState, chunk: &[u32], want: Logits, out: &mut Vec<f32>) -> Result<()> {
+    fn step_one(
+        &mut self,
+        state: &mut SeqState,
+        chunk: &[u32],
+        want: Logits,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
         let (v, h, t) = (self.cfg().vocab_size, self.cfg().hidden_size, chunk.len());
         let pos = state.pos;
         let dev = state

@@ -750,7 +750,7 @@ fn a_budget_too_small_names_the_minimum() {
 fn real_head_sizes_from_a_streamed_container_match_the_reference() {
     use brook_core::container::repack::repack;
     use brook_core::model::open::OpenOptions;
-    use brook_core::synth::{SynthStore, preset_config};
+    use brook_core::synth::{SynthModel, preset_config};
     if gpu().is_none() {
         return;
     }
@@ -759,7 +759,7 @@ fn real_head_sizes_from_a_streamed_container_match_the_reference() {
     t["linear_key_head_dim"] = serde_json::json!(128);
     t["linear_value_head_dim"] = serde_json::json!(128);
     t["head_dim"] = serde_json::json!(256);
-    let store = SynthStore::from_config("tiny", cfg, 4, 3).expect("synth");
+    let store = SynthModel::from_config("tiny", cfg, 4, 3).expect("synth");
     let dir = tempfile::tempdir().expect("tmp");
     let out = dir.path().join("c");
     repack(&store.repack_source(), &out, &mut |_| {}).expect("repack");

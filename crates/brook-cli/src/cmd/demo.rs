@@ -9,8 +9,8 @@ use std::io::Write;
 use anyhow::Result;
 use brook_core::container::repack::repack;
 use brook_core::session::{Event, GenOptions};
+use brook_core::synth::{self, SynthModel};
 use brook_core::text::{Message, SamplingParams};
-use brook_core::synth::{self, SynthStore};
 
 /// Run the 35B-shaped model from the SSD under a small budget: synthesize it once, generate,
 /// and print benchmark rows.
@@ -46,7 +46,7 @@ pub fn run(a: Args) -> Result<()> {
         .join("synth")
         .join(format!("{}-4bit", a.preset));
     if !brook_core::container::is_container(&dir) {
-        let s = SynthStore::new(&a.preset, 4, 0)?;
+        let s = SynthModel::new(&a.preset, 4, 0)?;
         eprintln!(
             "synthesizing a random {} container ({:.1} GB, once) in {}",
             a.preset,

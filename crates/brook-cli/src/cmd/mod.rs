@@ -151,7 +151,7 @@ impl ModelArgs {
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,
                 "fast" => Precision::Fast,
-                _ => Precision::F32,
+                _ => Precision::Exact,
             },
             ..Default::default()
         })

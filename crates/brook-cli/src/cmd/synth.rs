@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use brook_core::container::repack::repack;
-use brook_core::synth::{self, SynthStore};
+use brook_core::synth::{self, SynthModel};
 
 /// Write a random model with the real shapes, names, dtypes and quantization of a released
 /// one, to measure speed and memory at full scale without a download.
@@ -32,7 +32,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<()> {
-    let store = SynthStore::new(&a.preset, a.bits, a.seed)?;
+    let store = SynthModel::new(&a.preset, a.bits, a.seed)?;
     let start = Instant::now();
     let bar = super::byte_bar(store.total_bytes(), "synth");
     if a.container {

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 use brook_core::container::Container;
 use brook_core::container::verify::verify;
-use brook_core::{Checkpoint, TensorStore};
+use brook_core::{Checkpoint, TensorSource};
 
 /// Verify a container: manifest, sizes, every expert's hash; with --source, every byte.
 #[derive(Debug, clap::Args)]
@@ -26,7 +26,7 @@ pub fn run(a: Args) -> Result<()> {
     let bar = super::byte_bar(0, "verify");
     let report = verify(
         &c,
-        src.as_ref().map(|s| s as &dyn TensorStore),
+        src.as_ref().map(|s| s as &dyn TensorSource),
         &mut |done, total| {
             bar.set_length(total);
             bar.set_position(done);

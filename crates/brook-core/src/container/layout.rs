@@ -9,12 +9,12 @@ use std::ops::Range;
 
 use serde::{Deserialize, Serialize};
 
-use crate::checkpoint::TensorStore;
+use crate::checkpoint::TensorSource;
 use crate::config::{ModelConfig, QuantSpec};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
+use crate::experts::source::ExpertView;
 use crate::linear::{LinearRef, MatRef};
-use crate::model::moe::ExpertView;
 use crate::quant;
 
 /// Alignment of each section inside a blob.
@@ -80,7 +80,7 @@ pub fn source_name(layer: usize, section: &str) -> String {
 
 impl ExpertLayout {
     /// Derives the layout of layer `layer`'s experts from the stacked tensors in `store`.
-    pub fn from_store(store: &dyn TensorStore, cfg: &ModelConfig, layer: usize) -> Result<Self> {
+    pub fn from_store(store: &dyn TensorSource, cfg: &ModelConfig, layer: usize) -> Result<Self> {
         let mut sections = Vec::new();
         let mut offset = 0u64;
         for proj in PROJS {
@@ -320,7 +320,7 @@ impl ExpertLayout {
     /// Assembles expert `e`'s blob from the stacked tensors of layer `layer` in `store`.
     pub fn read_blob(
         &self,
-        store: &dyn TensorStore,
+        store: &dyn TensorSource,
         layer: usize,
         e: usize,
         out: &mut [u8],

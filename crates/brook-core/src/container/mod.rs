@@ -18,10 +18,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::aligned::AlignedBuf;
-use crate::checkpoint::TensorStore;
+use crate::checkpoint::TensorSource;
 use crate::config::ModelConfig;
 use crate::error::{Error, Result};
-use crate::model::moe::{ExpertData, ExpertView};
+use crate::experts::source::{ExpertData, ExpertView};
 use crate::safetensors::{SafeFile, TensorInfo};
 pub use layout::{ExpertLayout, Section};
 
@@ -233,7 +233,7 @@ impl Container {
     }
 }
 
-impl TensorStore for Container {
+impl TensorSource for Container {
     fn dir(&self) -> &Path {
         &self.dir
     }

@@ -1,4 +1,4 @@
-//! `repack`: an MLX checkpoint (or any [`TensorStore`]) to a container, streaming and
+//! `repack`: an MLX checkpoint (or any [`TensorSource`]) to a container, streaming and
 //! resumable.
 //!
 //! Memory stays bounded: dense tensors are copied in chunks of at most [`COPY_CHUNK`] bytes and
@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::aligned::AlignedBuf;
-use crate::checkpoint::{Checkpoint, TensorStore};
+use crate::checkpoint::{Checkpoint, TensorSource};
 use crate::config::ModelConfig;
 use crate::container::layout::ExpertLayout;
 use crate::container::{
@@ -45,7 +45,7 @@ pub const COPIED_FILES: [&str; 9] = [
 
 /// What to repack: tensors plus the metadata that goes into the manifest.
 pub struct RepackSource<'a> {
-    pub store: &'a dyn TensorStore,
+    pub store: &'a dyn TensorSource,
     pub config: ModelConfig,
     pub config_json: serde_json::Value,
     pub generation_config: Option<serde_json::Value>,
@@ -324,7 +324,7 @@ fn sync_dir(dir: &Path) {
 }
 
 fn write_dense(
-    store: &dyn TensorStore,
+    store: &dyn TensorSource,
     names: &[String],
     out: &Path,
     p: &mut RepackProgress,
@@ -372,7 +372,7 @@ fn write_dense(
 
 #[allow(clippy::too_many_arguments)]
 fn write_layer(
-    store: &dyn TensorStore,
+    store: &dyn TensorSource,
     cfg: &ModelConfig,
     layer: usize,
     layout: &ExpertLayout,

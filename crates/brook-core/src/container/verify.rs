@@ -9,7 +9,7 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 
 use crate::aligned::AlignedBuf;
-use crate::checkpoint::TensorStore;
+use crate::checkpoint::TensorSource;
 use crate::container::layout::source_name;
 use crate::container::{Container, hash_hex};
 use crate::error::{Error, Result};
@@ -49,7 +49,7 @@ impl VerifyReport {
 /// Verifies `c`; with `source`, also compares every byte with it. `progress(done, total)`.
 pub fn verify(
     c: &Container,
-    source: Option<&dyn TensorStore>,
+    source: Option<&dyn TensorSource>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<VerifyReport> {
     let m = &c.manifest;
@@ -104,7 +104,7 @@ pub fn verify(
 
 fn verify_dense(
     c: &Container,
-    source: Option<&dyn TensorStore>,
+    source: Option<&dyn TensorSource>,
     r: &mut VerifyReport,
 ) -> Result<()> {
     let path = c.dir().join(&c.manifest.dense.file);
@@ -158,7 +158,7 @@ fn verify_dense(
 
 /// Whether tensor `name` has the same bytes in both stores, compared 16 MiB at a time so the
 /// largest tensor (the 254 MB embedding of the 35B) is never held whole.
-fn same_bytes(a: &dyn TensorStore, b: &dyn TensorStore, name: &str, len: u64) -> Result<bool> {
+fn same_bytes(a: &dyn TensorSource, b: &dyn TensorSource, name: &str, len: u64) -> Result<bool> {
     const CHUNK: u64 = 16 << 20;
     let mut off = 0;
     while off < len {

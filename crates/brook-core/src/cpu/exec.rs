@@ -45,7 +45,7 @@ impl Exec<'_> {
     /// than the f32 tile: BENCH.md), and the f32 tile elsewhere.
     pub fn batch_precision(&self) -> Precision {
         match self.precision {
-            Precision::F32 if self.level == SimdLevel::Avx512 && SimdLevel::has_vnni() => {
+            Precision::Exact if self.level == SimdLevel::Avx512 && SimdLevel::has_vnni() => {
                 Precision::Split24
             }
             p => p,

@@ -17,12 +17,12 @@ use crate::cpu::ops::{add, rms_norm_rows};
 use crate::cpu::qmatvec::check;
 use crate::cpu::state::Bf16Ssm;
 use crate::cpu::{CpuPool, Precision, SimdLevel};
+use crate::engine::driver::{Call, drive};
+use crate::engine::{Caps, Engine, ModelRef, Routing, Step, Trace};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
 use crate::model::state::{LayerState, SeqState};
 use crate::model::weights::Mixer;
-use crate::engine::driver::{Call, drive};
-use crate::engine::{Caps, Engine, ModelRef, Routing, Step, Trace};
 use crate::model::{Logits, Model, Stage};
 
 /// How [`CpuModel`] runs.
@@ -37,7 +37,7 @@ pub struct CpuOptions {
     pub max_context: usize,
     /// SIMD level; `None` detects the best.
     pub level: Option<SimdLevel>,
-    /// How decode matvecs treat activations ([`Precision::F32`] unless chosen).
+    /// How decode matvecs treat activations ([`Precision::Exact`] unless chosen).
     pub precision: Precision,
 }
 
@@ -48,7 +48,20 @@ impl Default for CpuOptions {
             max_chunk: 256,
             max_context: 4096,
             level: None,
-            precision: Precision::F32,
+            precision: Precision::Exact,
+        }
+    }
+}
+
+impl CpuOptions {
+    /// The CPU engine's options for a model opened with `o`.
+    pub fn from_open(o: &crate::model::open::OpenOptions) -> Self {
+        CpuOptions {
+            max_chunk: o.prefill_chunk,
+            max_context: o.context,
+            precision: o.precision,
+            threads: o.threads.map_or(Self::default().threads, |t| t.max(1)),
+            ..Default::default()
         }
     }
 }
@@ -228,7 +241,12 @@ impl<'m> CpuModel<'m> {
         };
         let head = self.model.dense.lm_head.view();
         let x = &self.normed[(c - rows) * h..c * h];
-        ex.linears(x, rows, &mut self.head, &mut [(head, &mut self.logits[..rows * v])])?;
+        ex.linears(
+            x,
+            rows,
+            &mut self.head,
+            &mut [(head, &mut self.logits[..rows * v])],
+        )?;
         out.extend_from_slice(&self.logits[..rows * v]);
         Ok(())
     }
@@ -270,12 +288,7 @@ impl<'m> CpuModel<'m> {
     }
 
     /// One chunk: embeddings through the final norm, leaving [c, H] normed rows in `normed`.
-    fn chunk(
-        &mut self,
-        state: &mut SeqState,
-        tokens: &[u32],
-        trace: &mut Trace<'_>,
-    ) -> Result<()> {
+    fn chunk(&mut self, state: &mut SeqState, tokens: &[u32], trace: &mut Trace<'_>) -> Result<()> {
         // A cheap handle (a reference copy or an Arc count), so `self`'s scratch stays free.
         let model_ref = self.model.clone();
         let (model, cfg): (&Model, &_) = (&model_ref, &model_ref.cfg);

@@ -21,8 +21,8 @@ use crate::cpu::ops::{route_top_k, swiglu_act};
 use crate::cpu::pool::SharedMut;
 use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec, warm};
 use crate::error::{Error, Result};
+use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 use crate::model::PREFETCH_GUESSES;
-use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 use crate::model::ops::sigmoid;
 use crate::model::weights::MoeWeights;
 

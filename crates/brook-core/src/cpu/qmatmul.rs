@@ -47,7 +47,7 @@ impl XBatch {
 
     /// Prepares x [t, n] (t = x.len() / n) for f32 products.
     pub fn prepare(&mut self, level: SimdLevel, x: &[f32], n: usize) {
-        self.prepare_with(level, Precision::F32, x, n)
+        self.prepare_with(level, Precision::Exact, x, n)
     }
 
     /// Prepares x [t, n] (t = x.len() / n) for products at `precision`: Split24 and Fast add
@@ -55,7 +55,7 @@ impl XBatch {
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32], n: usize) {
         let t = x.len() / n.max(1);
         self.nd = 0;
-        if precision != Precision::F32
+        if precision != Precision::Exact
             && level == SimdLevel::Avx512
             && SimdLevel::has_vnni()
             && n.is_multiple_of(32)
@@ -311,7 +311,7 @@ pub fn qmatmul(
     y: &mut [f32],
     xb: &mut XBatch,
 ) -> Result<()> {
-    qmatmul_at(level, Precision::F32, w, x, y, xb)
+    qmatmul_at(level, Precision::Exact, w, x, y, xb)
 }
 
 /// [`qmatmul`] at a chosen [`Precision`].
@@ -339,7 +339,7 @@ pub fn qmatmul_pool(
     y: &mut [f32],
     xb: &mut XBatch,
 ) -> Result<()> {
-    qmatmul_pool_at(pool, level, Precision::F32, w, x, y, xb)
+    qmatmul_pool_at(pool, level, Precision::Exact, w, x, y, xb)
 }
 
 /// [`qmatmul_pool`] at a chosen [`Precision`].

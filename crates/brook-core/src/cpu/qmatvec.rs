@@ -291,7 +291,7 @@ pub fn qmatvec_pool(
     y: &mut [f32],
     xp: &mut XPrep,
 ) -> Result<()> {
-    qmatvec_pool_at(pool, level, Precision::F32, w, x, y, xp)
+    qmatvec_pool_at(pool, level, Precision::Exact, w, x, y, xp)
 }
 
 /// [`qmatvec_pool`] at a chosen [`Precision`].

@@ -8,32 +8,33 @@ use crate::cpu::SimdLevel;
 /// prefill matmul (which at Split24 and Fast runs the integer tile of `avx512_vnni_mm.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
-    /// f32 products and sums (FMA), as the reference. Where AVX-512 VNNI exists, 4-bit
-    /// products take Split24's digits instead (it is exact too): the one-token kernels always,
+    /// `--precision exact`, the default: f32 products and sums (FMA), as the reference. Where
+    /// AVX-512 VNNI exists, 4-bit products take Split24's digits instead (it is exact too):
+    /// the one-token kernels always,
     /// the forward pass's prefill through `Exec::batch_precision`.
     #[default]
-    F32,
+    Exact,
     /// Each activation x is written exactly to 2^-23 of its 32-element block's largest |x|
     /// as a 24-bit integer X = x·2^k (k per block), split into three signed bytes, and Σ q·X
     /// is computed with integer dot products (AVX-512 VNNI `vpdpbusd`, 64 products per
     /// instruction), then scaled back in f32. The error per product is below half an f32 ulp
-    /// of the block's largest activation, so results agree with [`Precision::F32`] to f32
+    /// of the block's largest activation, so results agree with [`Precision::Exact`] to f32
     /// rounding; the fixture tests hold at the same bounds. Needs AVX-512 VNNI; elsewhere,
-    /// and for widths other than 4 bits, it runs as `F32`.
+    /// and for widths other than 4 bits, it runs as `Exact`.
     Split24,
     /// Lossy (`--precision fast`): each 32-element block of x is rounded to int8 with its
     /// own scale d = max|x|/127 (llama.cpp's Q8 activations), and 4-bit weights multiply it
     /// with `vpdpbusd`, two instructions per 64 weight bytes (Split24: six). Scales, biases and the bias
     /// term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a row's error is
     /// bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX-512 VNNI; elsewhere, and for
-    /// widths other than 4 bits, the products run as `F32`. [`crate::cpu::CpuModel`] also
+    /// widths other than 4 bits, the products run as `Exact`. [`crate::cpu::CpuModel`] also
     /// keeps the DeltaNet states in bf16 while it decodes at this precision
     /// ([`crate::cpu::state`]).
     Fast,
 }
 
 impl Precision {
-    /// Whether results equal [`Precision::F32`]'s up to f32 rounding (the fixture bounds).
+    /// Whether results equal [`Precision::Exact`]'s up to f32 rounding (the fixture bounds).
     pub fn is_exact(self) -> bool {
         self != Precision::Fast
     }
@@ -77,9 +78,9 @@ impl XPrep {
         }
     }
 
-    /// Prepares `x` for the kernels of `level` at [`Precision::F32`].
+    /// Prepares `x` for the kernels of `level` at [`Precision::Exact`].
     pub fn prepare(&mut self, level: SimdLevel, x: &[f32]) {
-        self.prepare_with(level, Precision::F32, x)
+        self.prepare_with(level, Precision::Exact, x)
     }
 
     /// Prepares `x` for the kernels of `level` at `precision`.

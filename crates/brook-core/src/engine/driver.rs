@@ -105,7 +105,12 @@ impl<'m> Forward<'m> {
     }
 
     /// Feeds `tokens` into `state` and returns the logits asked for: [T, V], [V] or empty.
-    pub fn forward(&mut self, state: &mut SeqState, tokens: &[u32], want: Logits) -> Result<&[f32]> {
+    pub fn forward(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+    ) -> Result<&[f32]> {
         self.forward_traced(state, tokens, want, None)
     }
 
@@ -213,7 +218,11 @@ impl std::fmt::Debug for Call<'_, '_> {
 /// The shell around an engine's steps: checks `call`, places the state, feeds the tokens in
 /// steps of at most the engine's chunk, keeps the logits asked for in `out` (replaced), and
 /// starts the state afresh if a step fails. Returns the steps taken.
-pub fn drive(engine: &mut (dyn Engine + '_), call: Call<'_, '_>, out: &mut Vec<f32>) -> Result<u64> {
+pub fn drive(
+    engine: &mut (dyn Engine + '_),
+    call: Call<'_, '_>,
+    out: &mut Vec<f32>,
+) -> Result<u64> {
     let Call {
         state,
         tokens,

@@ -21,6 +21,7 @@ pub mod reference;
 use std::path::Path;
 use std::sync::Arc;
 
+pub use crate::cpu::Precision;
 pub use driver::{EngineStats, Forward};
 pub use reference::Reference;
 
@@ -196,7 +197,7 @@ pub fn open(model: &Arc<Model>, dir: &Path, options: &OpenOptions) -> Result<For
     let engine: Box<dyn Engine> = match options.backend {
         Backend::Reference => Box::new(Reference::shared(model.clone())),
         Backend::Cpu => {
-            let o = options.cpu_options().unwrap_or_default();
+            let o = crate::cpu::CpuOptions::from_open(options);
             Box::new(crate::cpu::CpuModel::new_shared(model.clone(), o)?)
         }
         Backend::Cuda => match &options.engine {
@@ -209,4 +210,13 @@ pub fn open(model: &Arc<Model>, dir: &Path, options: &OpenOptions) -> Result<For
         },
     };
     Ok(Forward::with_context(engine, options.context))
+}
+
+/// Whether the model's dense weights should be stored in 16-row tiles when it loads: for the
+/// CPU engine where AVX-512 VNNI exists (its tile kernels need it; elsewhere the row order's
+/// kernels run). Model loading asks here, so it never needs to know the CPU engine.
+pub fn tiles_dense(options: &OpenOptions) -> bool {
+    options.backend == Backend::Cpu
+        && crate::cpu::SimdLevel::detect() == crate::cpu::SimdLevel::Avx512
+        && crate::cpu::SimdLevel::has_vnni()
 }

@@ -19,10 +19,10 @@ use std::time::Instant;
 
 use crate::container::ExpertLayout;
 use crate::error::{Error, Result};
+use crate::experts::files::ExpertFiles;
 use crate::experts::grow::{GROW_MIN_SAVING, GROW_WINDOW_TOKENS, Growth};
 use crate::experts::slots::SlotBufs;
-use crate::experts::store::ExpertStore;
-use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
+use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 
 /// Counters of the cache, cumulative since open. Take two snapshots to get a token's share.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -131,7 +131,7 @@ struct Shared {
     /// Signalled when a job is queued or on shutdown.
     work: Condvar,
     bufs: SlotBufs,
-    store: ExpertStore,
+    store: ExpertFiles,
     layouts: Vec<Arc<ExpertLayout>>,
     /// Whether slots hold their experts in 16-row tiles ([`ExpertCache::tile_experts`]).
     tiles: std::sync::atomic::AtomicBool,
@@ -162,7 +162,7 @@ impl std::fmt::Debug for ExpertCache {
 impl ExpertCache {
     /// A cache of `slots` slots over `store`, with `io_threads` readers.
     pub fn new(
-        store: ExpertStore,
+        store: ExpertFiles,
         layouts: Vec<Arc<ExpertLayout>>,
         stride: usize,
         num_experts: usize,

@@ -1,10 +1,11 @@
-//! Streaming routed experts from the SSD: the store (direct reads), the cache (slots, LFU,
+//! Streaming routed experts from the SSD: the expert files (direct reads), the contracts the model and the engines consume (`source`), the cache (slots, LFU,
 //! I/O threads), when the cache grows, and the memory budget that sizes it.
 
 pub mod budget;
 pub mod cache;
+pub mod files;
 pub mod grow;
 mod slots;
-pub mod store;
+pub mod source;
 
 pub use cache::{CacheStats, ExpertCache};

@@ -19,12 +19,13 @@ pub mod weights;
 use std::path::Path;
 use std::sync::Arc;
 
-use crate::checkpoint::{Checkpoint, TensorStore};
+use crate::checkpoint::{Checkpoint, TensorSource};
 use crate::config::ModelConfig;
 use crate::container::{self, Container};
 use crate::error::{Error, Result};
+use crate::experts::source::{ExpertSource, ResidentExperts};
 use crate::model::delta_net::DeltaMode;
-use crate::model::moe::{ExpertSource, ResidentExperts, Route};
+use crate::model::moe::Route;
 use crate::model::state::SeqState;
 use crate::model::weights::{DenseWeights, Loader};
 
@@ -102,7 +103,7 @@ impl Model {
                     (0..c.config.num_experts)
                         .map(|e| {
                             c.read_expert(l, e)
-                                .map(|b| Arc::new(b) as moe::ExpertHandle)
+                                .map(|b| Arc::new(b) as crate::experts::source::ExpertHandle)
                         })
                         .collect::<Result<Vec<_>>>()
                 })
@@ -123,7 +124,7 @@ impl Model {
     }
 
     /// Loads every weight of `store`, experts included, into memory.
-    pub fn load_resident(store: &dyn TensorStore, cfg: ModelConfig) -> Result<Self> {
+    pub fn load_resident(store: &dyn TensorSource, cfg: ModelConfig) -> Result<Self> {
         let loader = Loader::new(store, &cfg);
         let dense = loader.dense()?;
         let layers = (0..cfg.num_hidden_layers)
@@ -132,7 +133,7 @@ impl Model {
                     .map(|e| {
                         loader
                             .routed_expert(l, e)
-                            .map(|x| Arc::new(x) as moe::ExpertHandle)
+                            .map(|x| Arc::new(x) as crate::experts::source::ExpertHandle)
                     })
                     .collect::<Result<Vec<_>>>()
             })

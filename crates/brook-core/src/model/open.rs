@@ -14,10 +14,10 @@ use crate::container::{self, Container};
 use crate::error::{Error, Result};
 use crate::experts::ExpertCache;
 use crate::experts::budget::{self, Plan};
-use crate::experts::store::ExpertStore;
+use crate::experts::files::ExpertFiles;
+use crate::experts::source::ExpertHandle;
 use crate::model::Model;
 use crate::model::delta_net::DeltaMode;
-use crate::model::moe::ExpertHandle;
 use crate::model::weights::Loader;
 
 /// How to open a model.
@@ -47,39 +47,12 @@ pub struct OpenOptions {
     /// Compute threads of the CPU backend (default: every core).
     pub threads: Option<usize>,
     /// Activation arithmetic of the CPU backend.
-    pub precision: crate::cpu::qmatvec::Precision,
+    pub precision: crate::engine::Precision,
     /// Ceiling on GPU memory for a GPU backend (weights, expert slots, state and scratch);
     /// `None` uses what the device has free. Separate from `memory_budget`, which is host RAM.
     pub gpu_memory_budget: Option<u64>,
     /// Builds the engine of a backend brook-core does not contain ([`Backend::Cuda`]).
     pub engine: Option<crate::engine::EngineMaker>,
-}
-
-impl OpenOptions {
-    /// Whether the dense weights go into 16-row tiles: for the CPU backend where AVX-512
-    /// VNNI exists (its kernels for tiles need it; elsewhere the row order's kernels run).
-    pub fn cpu_tiles(&self) -> bool {
-        self.backend == Backend::Cpu
-            && crate::cpu::SimdLevel::detect() == crate::cpu::SimdLevel::Avx512
-            && crate::cpu::SimdLevel::has_vnni()
-    }
-
-    /// Options of the CPU backend for these open options, or `None` for another backend.
-    pub fn cpu_options(&self) -> Option<crate::cpu::CpuOptions> {
-        if self.backend != Backend::Cpu {
-            return None;
-        }
-        let mut o = crate::cpu::CpuOptions {
-            max_chunk: self.prefill_chunk,
-            max_context: self.context,
-            precision: self.precision,
-            ..Default::default()
-        };
-        if let Some(t) = self.threads {
-            o.threads = t.max(1);
-        }
-        Some(o)
-    }
 }
 
 /// The compute path.
@@ -171,7 +144,7 @@ impl Model {
                 }
             }
             let mut m = Model::load_resident(&ck, ck.config.clone())?;
-            if opts.cpu_tiles() {
+            if crate::engine::tiles_dense(opts) {
                 m.dense.tile();
             }
             // Every expert is resident: `load_resident` leaves prefetch off (nothing to read
@@ -216,12 +189,12 @@ impl Model {
         }
         let rows_in = (!table_resident).then(|| c.dense_path());
         let mut dense = Loader::new(&c, &cfg).dense_with(rows_in.as_deref())?;
-        if opts.cpu_tiles() {
+        if crate::engine::tiles_dense(opts) {
             let n = dense.tile();
             tracing::debug!("{n} dense matrices in 16-row tiles for the VNNI kernels");
         }
-        let store = ExpertStore::open(&c)?;
-        let experts: Box<dyn crate::model::moe::ExpertSource> = if slots >= total {
+        let store = ExpertFiles::open(&c)?;
+        let experts: Box<dyn crate::experts::source::ExpertSource> = if slots >= total {
             tracing::info!("budget holds every expert: loading all {total} resident");
             let cache = ExpertCache::new(
                 store,
@@ -231,20 +204,20 @@ impl Model {
                 total,
                 opts.io_threads,
             );
-            if opts.cpu_tiles() {
+            if crate::engine::tiles_dense(opts) {
                 cache.tile_experts();
             }
             // Load everything through the cache once; with a slot per expert nothing is evicted.
             let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
             for l in 0..cfg.num_hidden_layers {
                 let ids: Vec<usize> = (0..cfg.num_experts).collect();
-                let handles = crate::model::moe::ExpertSource::fetch(&cache, l, &ids)?;
+                let handles = crate::experts::source::ExpertSource::fetch(&cache, l, &ids)?;
                 for h in &handles {
                     h.wait()?;
                 }
                 layers.push(handles);
             }
-            let held = crate::model::moe::ResidentExperts { layers };
+            let held = crate::experts::source::ResidentExperts { layers };
             Box::new(ResidentCache { cache, held })
         } else {
             // Streamed experts stay in rows: the one-token kernels read both orders at the
@@ -286,10 +259,10 @@ impl Model {
 #[derive(Debug)]
 struct ResidentCache {
     cache: ExpertCache,
-    held: crate::model::moe::ResidentExperts,
+    held: crate::experts::source::ResidentExperts,
 }
 
-impl crate::model::moe::ExpertSource for ResidentCache {
+impl crate::experts::source::ExpertSource for ResidentCache {
     fn fetch(&self, layer: usize, ids: &[usize]) -> Result<Vec<ExpertHandle>> {
         self.held.fetch(layer, ids)
     }
@@ -297,6 +270,6 @@ impl crate::model::moe::ExpertSource for ResidentCache {
         self.held.fetch_into(layer, ids, out)
     }
     fn stats(&self) -> Option<crate::experts::CacheStats> {
-        crate::model::moe::ExpertSource::stats(&self.cache)
+        crate::experts::source::ExpertSource::stats(&self.cache)
     }
 }

@@ -6,7 +6,7 @@
 //! layout. Every tensor's dtype and shape is checked against the config; a mismatch names the
 //! tensor.
 
-use crate::checkpoint::TensorStore;
+use crate::checkpoint::TensorSource;
 use crate::config::{Arch, LayerKind, ModelConfig};
 use crate::dtype::{self, DType};
 use crate::error::{Error, Result};
@@ -110,12 +110,12 @@ impl DenseWeights {
 }
 
 /// Reads tensors for one model, checking them against its config.
-pub struct Loader<'a, S: TensorStore + ?Sized> {
+pub struct Loader<'a, S: TensorSource + ?Sized> {
     pub store: &'a S,
     pub cfg: &'a ModelConfig,
 }
 
-impl<S: TensorStore + ?Sized> std::fmt::Debug for Loader<'_, S> {
+impl<S: TensorSource + ?Sized> std::fmt::Debug for Loader<'_, S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Loader")
             .field("dir", &self.store.dir())
@@ -123,7 +123,7 @@ impl<S: TensorStore + ?Sized> std::fmt::Debug for Loader<'_, S> {
     }
 }
 
-impl<'a, S: TensorStore + ?Sized> Loader<'a, S> {
+impl<'a, S: TensorSource + ?Sized> Loader<'a, S> {
     pub fn new(store: &'a S, cfg: &'a ModelConfig) -> Self {
         Loader { store, cfg }
     }

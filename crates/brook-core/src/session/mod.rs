@@ -14,10 +14,10 @@ use std::time::Instant;
 use crate::error::{Error, Result};
 
 mod persist;
-use crate::model::Logits;
-use crate::model::Model;
 use crate::engine::driver::Counters;
 use crate::engine::{EngineStats, Forward, GpuStats};
+use crate::model::Logits;
+use crate::model::Model;
 use crate::model::open::OpenOptions;
 use crate::model::state::SeqState;
 use crate::text::{

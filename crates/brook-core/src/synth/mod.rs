@@ -2,7 +2,7 @@
 //! models, generated deterministically on demand, so speed and memory can be measured at full
 //! scale without a download.
 //!
-//! [`SynthStore`] is a [`TensorStore`] whose bytes are computed from (seed, tensor, row): any
+//! [`SynthModel`] is a [`TensorSource`] whose bytes are computed from (seed, tensor, row): any
 //! byte range can be produced independently, so a 42 GB checkpoint or container is written
 //! without holding more than a few rows in memory, and the same model written as a checkpoint
 //! or directly as a container is byte-identical. Quantized weights are uniform random codes
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::{Value, json};
 
-use crate::checkpoint::TensorStore;
+use crate::checkpoint::TensorSource;
 use crate::config::{Arch, LayerKind, ModelConfig, canonical_name};
 use crate::container::{SourceIdentity, repack::RepackSource};
 use crate::dtype::DType;
@@ -54,7 +54,7 @@ struct SynthTensor {
 
 /// A synthetic model served as tensors.
 #[derive(Debug)]
-pub struct SynthStore {
+pub struct SynthModel {
     pub preset: String,
     pub bits: u32,
     pub config: ModelConfig,
@@ -67,7 +67,7 @@ pub struct SynthStore {
 /// Quantization group size of synthetic checkpoints (mlx-lm's default).
 pub const GROUP: usize = 64;
 
-impl SynthStore {
+impl SynthModel {
     /// The synthetic model `preset` at `bits` (4 or 8) with routers at 8 bits.
     pub fn new(preset: &str, bits: u32, seed: u64) -> Result<Self> {
         Self::from_config(preset, preset_config(preset)?, bits, seed)
@@ -99,7 +99,7 @@ impl SynthStore {
         config_json["quantization"] = Value::Object(q.clone());
         config_json["quantization_config"] = Value::Object(q);
         let cfg = ModelConfig::from_json(&config_json)?;
-        let mut s = SynthStore {
+        let mut s = SynthModel {
             preset: preset.to_string(),
             bits,
             config: cfg.clone(),
@@ -414,7 +414,7 @@ impl SynthStore {
     }
 }
 
-impl TensorStore for SynthStore {
+impl TensorSource for SynthModel {
     fn dir(&self) -> &Path {
         &self.dir
     }

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use serde_json::{Value, json};
 
-use super::SynthStore;
-use crate::checkpoint::TensorStore;
+use super::SynthModel;
+use crate::checkpoint::TensorSource;
 use crate::config::canonical_name;
 use crate::error::{Error, Result};
 
@@ -17,7 +17,7 @@ pub const SHARD_BYTES: u64 = 5 << 30;
 /// Writes `store` as an MLX checkpoint folder (shards, index, config, generation config).
 /// `progress(done, total)` is called as bytes are written.
 pub fn write_checkpoint(
-    store: &SynthStore,
+    store: &SynthModel,
     out: &Path,
     shard_bytes: u64,
     progress: &mut dyn FnMut(u64, u64),

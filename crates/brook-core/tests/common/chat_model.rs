@@ -15,7 +15,7 @@ pub fn chat_model(dir: &Path) -> PathBuf {
     t["eos_token_id"] = 248044.into();
     t["bos_token_id"] = 248044.into();
     cfg["eos_token_id"] = serde_json::json!([248046, 248044]);
-    let store = brook_core::synth::SynthStore::from_config("chat", cfg, 4, 11).expect("synth");
+    let store = brook_core::synth::SynthModel::from_config("chat", cfg, 4, 11).expect("synth");
     let out = dir.join("chat-model");
     brook_core::container::repack::repack(&store.repack_source(), &out, &mut |_| {})
         .expect("repack");

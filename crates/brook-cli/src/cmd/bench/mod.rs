@@ -18,14 +18,6 @@ use serde::{Deserialize, Serialize};
 mod tables;
 use tables::print_tables;
 
-/// Decoded tokens between two short reads of memory (three reads of the head, ~30 ms) on
-/// the CPU backend, so the limit's bandwidth is sampled through the decode test, not only
-/// around it.
-const MEM_READ_EVERY: usize = 16;
-
-/// Reads between bursts that make their median the limit's bandwidth (three bursts' worth).
-const MIN_READS_DURING: usize = 9;
-
 /// Measure prefill and decode speed, memory and I/O.
 #[derive(Debug, clap::Args)]
 #[command(
@@ -96,18 +88,15 @@ pub struct Row {
     pub disk_bw_before_gb_s: f64,
     #[serde(default)]
     pub disk_bw_after_gb_s: f64,
-    /// Memory read bandwidth over the resident weights: the median of plain reads of the
-    /// head taken three at a time after every 16 decoded tokens (CPU backend), or where
-    /// fewer than 9 were taken, of those and a second of reads right before and right after
-    /// the decode test (after the prefill alone when there is no decode).
+    /// Memory read bandwidth over the resident weights: the median of a second of plain
+    /// reads of the head right before and one right after the decode test (after the prefill
+    /// alone when there is no decode).
     pub mem_bw_gb_s: f64,
-    /// The medians of the reads before, after and during the decode test.
+    /// The medians of the reads before and after the decode test.
     #[serde(default)]
     pub mem_bw_before_gb_s: f64,
     #[serde(default)]
     pub mem_bw_after_gb_s: f64,
-    #[serde(default)]
-    pub mem_bw_during_gb_s: f64,
     /// The fastest single read (not used for the limit).
     #[serde(default)]
     pub mem_bw_best_gb_s: f64,
@@ -293,17 +282,17 @@ fn run_one(a: &Args) -> Result<Row> {
     let measure_disk = || -> Result<f64> {
         Ok(if container && a.disk_secs > 0.0 {
             let c = brook_core::container::Container::open(&path)?;
-            brook_core::experts::store::ExpertStore::open(&c)?.measure_bandwidth(8, a.disk_secs)?
+            brook_core::experts::files::ExpertFiles::open(&c)?.measure_bandwidth(8, a.disk_secs)?
         } else {
             0.0
         })
     };
     // The memory's read bandwidth, like the disk's, right before and right after the decode
-    // test, and on the CPU backend between its bursts of tokens too: this host's moves
-    // between 21 and 46 GB/s from one minute to the next.
+    // test (this host's moves between 21 and 46 GB/s from one minute to the next). Not
+    // between decoded tokens: reads there evicted the caches the next tokens used, and the
+    // decode figure fell to 0.75-0.83 x what generate, chat and serve decoded on the same
+    // model in the same sitting (docs/BENCH.md, "Faces against bench").
     let measure_mem = || super::memory_reads(model, threads, 5, 1.0);
-    let cpu_backend = a.model.backend == "cpu";
-    let mut mem_during = super::MemReads::default();
 
     let mut rng = 0x2545_f491_4f6c_dd1du64;
     let mut token = || {
@@ -358,24 +347,15 @@ fn run_one(a: &Args) -> Result<Row> {
         for _ in 0..a.repetitions {
             // The depth's tokens and the first token are the prompt (its prefill untimed).
             let prompt: Vec<u32> = (0..a.depth + 1).map(|_| token()).collect();
-            // Every MEM_READ_EVERY tokens a few reads of memory, whose time is taken out.
-            let (mut done, mut paused, mut cpu0) = (0, 0.0, None);
+            // CPU time from the first sampled token on (the prompt's prefill excluded).
+            let mut cpu0 = None;
             let c = run(&prompt, a.n_gen, &mut |e| {
-                if !matches!(e, Event::Token(_)) {
-                    return;
-                }
-                cpu0.get_or_insert_with(budget::cpu_seconds);
-                done += 1;
-                if cpu_backend && done % MEM_READ_EVERY == 0 && done < a.n_gen {
-                    let (t, c) = (Instant::now(), budget::cpu_seconds());
-                    mem_during.extend(&super::memory_reads(model, threads, 3, 0.0));
-                    paused += t.elapsed().as_secs_f64();
-                    decode_cpu_s -= budget::cpu_seconds() - c;
+                if matches!(e, Event::Token(_)) {
+                    cpu0.get_or_insert_with(budget::cpu_seconds);
                 }
             })?;
             decode_cpu_s += budget::cpu_seconds() - cpu0.unwrap_or_else(budget::cpu_seconds);
-            let secs = (c.usage.decode_s - paused).max(1e-9);
-            tg.push(c.usage.completion_tokens as f64 / secs);
+            tg.push(c.usage.completion_tokens as f64 / c.usage.decode_s.max(1e-9));
             steps += a.n_gen as u64 + 1;
         }
     }
@@ -395,14 +375,10 @@ fn run_one(a: &Args) -> Result<Row> {
     } else {
         mem_before.clone()
     };
-    // The reads between the decode's bursts saw what the decode saw: their median sets the
-    // limit once there are enough of them; else every read's, before and after.
-    let mem_bw = if mem_during.rates.len() >= MIN_READS_DURING {
-        mem_during.median()
-    } else {
+    // The median of every read, before and after.
+    let mem_bw = {
         let mut all = mem_before.clone();
         if a.n_gen > 0 {
-            all.extend(&mem_during);
             all.extend(&mem_after);
         }
         all.median()
@@ -510,11 +486,7 @@ fn run_one(a: &Args) -> Result<Row> {
         mem_bw_gb_s: mem_bw,
         mem_bw_before_gb_s: mem_before.median(),
         mem_bw_after_gb_s: mem_after.median(),
-        mem_bw_during_gb_s: mem_during.median(),
-        mem_bw_best_gb_s: mem_before
-            .best()
-            .max(mem_after.best())
-            .max(mem_during.best()),
+        mem_bw_best_gb_s: mem_before.best().max(mem_after.best()),
         bytes_touched_per_token: touched,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
         compute_s_per_token,
@@ -544,7 +516,7 @@ fn model_sizes(dir: &std::path::Path) -> Result<(u64, u64)> {
         let experts: u64 = ck
             .tensor_names()
             .filter(|n| n.contains(".switch_mlp."))
-            .filter_map(|n| brook_core::TensorStore::info(&ck, n).map(|i| i.len))
+            .filter_map(|n| brook_core::TensorSource::info(&ck, n).map(|i| i.len))
             .sum();
         Ok((total, experts))
     }

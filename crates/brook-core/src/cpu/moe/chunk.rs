@@ -15,7 +15,7 @@ use crate::cpu::ops::{route_top_k, swiglu_act};
 use crate::cpu::pool::{Chunks, SharedMut};
 use crate::cpu::qmatmul::XBatch;
 use crate::error::{Error, Result};
-use crate::model::moe::{ExpertData, ExpertHandle, ExpertSource};
+use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource};
 use crate::model::ops::sigmoid;
 use crate::model::weights::MoeWeights;
 

@@ -25,13 +25,13 @@ struct LayerFile {
 
 /// Open handles on every layer file of a container.
 #[derive(Debug)]
-pub struct ExpertStore {
+pub struct ExpertFiles {
     layers: Vec<LayerFile>,
     /// Whether reads bypass the page cache.
     pub direct: bool,
 }
 
-impl ExpertStore {
+impl ExpertFiles {
     /// Opens every layer file of `c`, direct if possible.
     pub fn open(c: &Container) -> Result<Self> {
         let n = c.manifest.experts.num_experts as u64;
@@ -69,7 +69,7 @@ impl ExpertStore {
                 lf.file = File::open(&lf.path).map_err(|e| Error::io(&lf.path, e))?;
             }
         }
-        Ok(ExpertStore { layers, direct })
+        Ok(ExpertFiles { layers, direct })
     }
 
     /// Reads expert `e` of `layer` into `buf` (one stride, page-aligned).
@@ -137,7 +137,7 @@ fn open_direct(path: &std::path::Path, stride: u64) -> Option<File> {
     Some(f)
 }
 
-impl ExpertStore {
+impl ExpertFiles {
     /// Measures this disk's read bandwidth for the access pattern of cache misses: random
     /// whole-expert reads from every layer file, `threads` at a time, for about `secs`
     /// seconds. Returns bytes per second.
