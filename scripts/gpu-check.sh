@@ -8,7 +8,7 @@
 #
 #   scripts/gpu-check.sh run [WORKDIR] [MODELS]
 #
-# which runs the GPU tests against the fixtures, synthesizes each model of MODELS (default
+# which runs the GPU tests against the fixtures (a failed test makes the script exit 1), synthesizes each model of MODELS (default
 # "qwen3.6-35b-a3b qwen3-next-80b-a3b") as a container in WORKDIR (default /tmp/brook-gpu;
 # needs about 45 GB free for the 80B, one model at a time), benchmarks it with every
 # expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
@@ -47,11 +47,20 @@ run)
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     bins=${BINS:-dist/gpu}
     first=${bins%% *}
+    failed=0
     for b in $bins; do
         [ "${SKIP_TESTS:-0}" = 1 ] && break
         echo "== GPU tests ($b)"
-        "$b/gpu-tests" --test-threads 1 2>&1 | grep -E "^test |rel err|vs mlx|result|panicked|skipping" || true
+        status=0
+        "$b/gpu-tests" --test-threads 1 >"$work/tests.log" 2>&1 || status=$?
+        grep -E "^test |rel err|vs mlx|result|panicked|skipping" "$work/tests.log" || true
+        if [ "$status" != 0 ]; then
+            echo "GPU tests FAILED ($b, exit $status); full log: $work/tests.log"
+            failed=1
+        fi
     done
+    # A failed test fails the script, after the benchmarks (which still say how fast).
+    trap '[ "$failed" = 0 ] || exit 1' EXIT
     for m in $models; do
         if [ "${KEEP_MODEL:-0}" = 1 ] && [ "$(cat "$work/model.name" 2>/dev/null)" = "$m" ]; then
             echo "== reusing the $m container"

@@ -102,7 +102,7 @@ pub unsafe fn unmap(ptr: *mut u8, size: usize) {
 /// (the system allocator's blocks start 16 bytes into their mapping, so only their interior
 /// whole 2 MiB could be advised), the recurrent states, the attention cache and scratch.
 /// Under a hypervisor each 4 KiB page's TLB miss walks two page tables: the 4-bit head's
-/// product ran 17-53% faster on huge pages at 2 threads (docs/BENCH.md, "session 12").
+/// product ran 17-53% faster on huge pages at 2 threads (docs/bench/2026-11-30-to-12-02.md, "session 12").
 #[derive(Debug, Clone, Copy, Default)]
 pub struct HugePageAlloc;
 

@@ -789,3 +789,48 @@ fn real_head_sizes_from_a_streamed_container_match_the_reference() {
         assert!(e < 2e-5, "slots {slots:?}: {e}");
     }
 }
+
+/// Regression test for "one door to the forward pass": a session opened with the CUDA
+/// backend computed on the CPU's f32 reference pass. Now it runs the CUDA engine and no
+/// other, and its greedy tokens equal the reference engine's.
+#[test]
+fn sessions_with_backend_cuda_run_the_cuda_engine_and_no_other() {
+    use brook_core::model::open::{Backend, OpenOptions};
+    use brook_core::session::{GenOptions, Llm};
+    use brook_core::text::{Message, SamplingParams};
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::chat_model(dir.path());
+    let open = |backend| {
+        let o = OpenOptions {
+            backend,
+            context: 1024,
+            engine: (backend == Backend::Cuda).then(brook_cuda::engine_maker),
+            ..Default::default()
+        };
+        Arc::new(Llm::open(&path, o).expect("open"))
+    };
+    let opts = GenOptions {
+        sampling: Some(SamplingParams::default()),
+        max_tokens: Some(6),
+        enable_thinking: Some(false),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let ask = |llm: &Arc<Llm>| {
+        let mut s = llm.session();
+        s.chat(Message::new("user", "Which engine runs?"), &opts, &mut |_| {})
+            .expect("chat")
+            .tokens
+    };
+    let cuda = open(Backend::Cuda);
+    let tokens = ask(&cuda);
+    let st = cuda.engine_stats();
+    assert_eq!(st.engine, "cuda");
+    // The prompt in two calls (split at the snapshot point), then one per generated token.
+    assert_eq!(st.forward_calls, 2 + 6, "{st:?}");
+    assert_eq!(st.model_steps, vec![("cuda".to_string(), st.steps)], "{st:?}");
+    assert_eq!(ask(&open(Backend::Reference)), tokens);
+}

@@ -83,7 +83,7 @@ pub struct ModelArgs {
           value_parser = parse_chunk)]
     pub prefill_chunk: usize,
     /// Do not read the next layer's likeliest experts while its mixer computes (streaming
-    /// only; on by default, see docs/BENCH.md "Prefetch").
+    /// only; on by default, see docs/bench/2026-11-30-to-12-02.md "Prefetch").
     #[arg(long)]
     pub no_prefetch: bool,
     /// Compute backend.
@@ -201,7 +201,7 @@ impl MemReads {
 /// Memory read bandwidth: sums the model's own largest resident weight (the output head) with
 /// `threads` threads, so the test allocates nothing, back to back at least `min_reads` times
 /// and for at least `min_secs`. One read of the 35B's head takes under 10 ms, and on a shared
-/// host single reads range from a fifth to 1.6x their median (docs/BENCH.md, "session 12"):
+/// host single reads range from a fifth to 1.6x their median (docs/bench/2026-11-30-to-12-02.md, "session 12"):
 /// callers take the median of many, not the best of a few.
 pub fn memory_reads(
     model: &brook_core::Model,

@@ -361,7 +361,7 @@ fn decode(
 /// between `lo` and `hi`. Each unit streams its rows from one place; units of 32 gate/up and
 /// 64 down rows (a 16-64 KiB run each, the two threads alternating through every matrix) ran
 /// the resident 35B's experts at half the dense matrices' rate per byte, and its fast decode
-/// 12-30% slower than a thread's share (docs/BENCH.md, "session 7").
+/// 12-30% slower than a thread's share (docs/bench/2026-11-30-to-12-02.md, "session 7").
 fn unit_rows(rows: usize, threads: usize, lo: usize, hi: usize) -> usize {
     rows.div_ceil(threads.max(1)).clamp(lo, hi)
 }

@@ -92,7 +92,7 @@ impl XPrep {
     /// the f32 kernels' lane order is left empty, as [`super::qmatmul::XBatch`] does; the
     /// group sums come from the digits' pass. A decode step prepares about 120 inputs on the
     /// calling thread while the others wait, and the lane order and the scalar sums took
-    /// most of the ~5 µs each one cost (docs/BENCH.md, "session 15").
+    /// most of the ~5 µs each one cost (docs/bench/2026-11-30-to-12-02.md, "session 15").
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
         self.tnd = 0;
         self.level = Some(level);

@@ -307,7 +307,7 @@ impl Drop for ExpertCache {
 
 /// Brings the slots a growing cache takes into memory ahead of their first reads, a batch at a
 /// time, putting each batch in use once resident. A fresh page's first touch (about 2.5 s a GB
-/// on the virtual machine of docs/BENCH.md, "Session 18: the cache grows on demand") then
+/// on the virtual machine of docs/bench/2026-11-30-to-12-02.md, "Session 18: the cache grows on demand") then
 /// happens on this low-priority thread while decode waits on the disk, not inside the reads.
 fn grow_loop(s: &Shared) {
     // SAFETY: plain system calls on this thread's own id; failure leaves the priority as is.

@@ -3,7 +3,7 @@
 //! the slots in use, and as large as all of them) and comparing what each would have read.
 
 /// Reads a growing cache must save to take the rest of its slots: a tenth of what the slots in
-/// use read over the same requests (docs/BENCH.md, "Session 18: the cache grows on demand").
+/// use read over the same requests (docs/bench/2026-11-30-to-12-02.md, "Session 18: the cache grows on demand").
 pub const GROW_MIN_SAVING: f64 = 0.10;
 
 /// Tokens of requests (top-k x layers each) behind each decision to grow.

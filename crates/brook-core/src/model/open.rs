@@ -39,7 +39,7 @@ pub struct OpenOptions {
     /// Reader threads for expert misses.
     pub io_threads: usize,
     /// When experts stream, start reading the next layer's likeliest experts (routed with its
-    /// router on the stream leaving this layer) while its mixer computes (docs/BENCH.md,
+    /// router on the stream leaving this layer) while its mixer computes (docs/bench/2026-11-30-to-12-02.md,
     /// "Prefetch": on by default, it measured faster).
     pub prefetch: bool,
     /// Which forward pass runs.
@@ -88,7 +88,7 @@ impl Default for OpenOptions {
 
 /// Prompt tokens per prefill chunk by default. 512 rather than 256: on the 35B each of 256
 /// experts then sees about 16 tokens a chunk instead of 8, and a streamed prompt reads each
-/// expert half as often (docs/BENCH.md, "Prefill chunk"); the scratch costs about 330 KB a
+/// expert half as often (docs/bench/2026-11-30-to-12-02.md, "Prefill chunk"); the scratch costs about 330 KB a
 /// token of budget.
 pub const PREFILL_CHUNK: usize = 512;
 
@@ -175,7 +175,7 @@ impl Model {
         };
         // Where the budget holds the whole model, the embedding table is resident too, so
         // nothing streams: a row read from the file costs a random read per token, which a
-        // busy disk made 19 ms (docs/BENCH.md, "session 12"). Otherwise its bytes buy slots.
+        // busy disk made 19 ms (docs/bench/2026-11-30-to-12-02.md, "session 12"). Otherwise its bytes buy slots.
         let table_resident = slots >= total
             && match (opts.expert_cache, budget) {
                 (None, Some(b)) => plan(b, true).is_ok_and(|p| p.slots >= total),
