@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use brook_core::cpu::pool::{SharedMut, split};
+use brook_core::cpu::kernels::pool::{SharedMut, split};
 use brook_core::cpu::{CpuModel, CpuOptions, CpuPool, Precision};
 use brook_core::experts::source::{ExpertHandle, ExpertSource};
 use brook_core::model::delta_net::DeltaMode;

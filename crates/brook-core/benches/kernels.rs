@@ -8,9 +8,9 @@
 use std::hint::black_box;
 use std::time::Duration;
 
-use brook_core::cpu::attention::attend;
-use brook_core::cpu::ops::silu_inplace;
-use brook_core::cpu::pool::{SharedMut, split};
+use brook_core::cpu::kernels::attention::attend;
+use brook_core::cpu::kernels::ops::silu_inplace;
+use brook_core::cpu::kernels::pool::{SharedMut, split};
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
 use brook_core::cpu::{
     CpuPool, Precision, SimdLevel, SwigluScratch, XBatch, XPrep, expert_swiglu, qmatmul_pool,
@@ -318,7 +318,7 @@ fn activations(c: &mut Criterion) {
 /// f32, 31 MB in bf16: out of cache, as in decode), on one thread; throughput counts the
 /// state bytes read (each is written back too).
 fn delta_step(c: &mut Criterion) {
-    use brook_core::cpu::delta;
+    use brook_core::cpu::kernels::delta;
     let level = SimdLevel::detect();
     let mut rng = Rng::new(5);
     let (heads, dk, dv) = (30 * 32, 128, 128);

@@ -7,9 +7,9 @@
 mod common;
 
 use brook_core::Model;
-use brook_core::cpu::attention::attend;
-use brook_core::cpu::delta::{self, HeadRows};
-use brook_core::cpu::ops::{
+use brook_core::cpu::kernels::attention::attend;
+use brook_core::cpu::kernels::delta::{self, HeadRows};
+use brook_core::cpu::kernels::ops::{
     exp_act, rms_norm, rope, rope_angles, rope_inv_freq, route_top_k, sigmoid_gate, silu_inplace,
     swiglu_act,
 };

@@ -69,7 +69,7 @@ impl Scratch {
             cfg.moe_intermediate_size,
         );
         let is = cfg.shared_expert_intermediate_size;
-        let inv = brook_core::cpu::ops::rope_inv_freq(cfg);
+        let inv = brook_core::cpu::kernels::ops::rope_inv_freq(cfg);
         Ok(Scratch {
             x: f(c * h, "activations")?,
             normed: f(c * h, "activations")?,

@@ -821,9 +821,13 @@ fn sessions_with_backend_cuda_run_the_cuda_engine_and_no_other() {
     };
     let ask = |llm: &Arc<Llm>| {
         let mut s = llm.session();
-        s.chat(Message::new("user", "Which engine runs?"), &opts, &mut |_| {})
-            .expect("chat")
-            .tokens
+        s.chat(
+            Message::new("user", "Which engine runs?"),
+            &opts,
+            &mut |_| {},
+        )
+        .expect("chat")
+        .tokens
     };
     let cuda = open(Backend::Cuda);
     let tokens = ask(&cuda);
@@ -831,6 +835,10 @@ fn sessions_with_backend_cuda_run_the_cuda_engine_and_no_other() {
     assert_eq!(st.engine, "cuda");
     // The prompt in two calls (split at the snapshot point), then one per generated token.
     assert_eq!(st.forward_calls, 2 + 6, "{st:?}");
-    assert_eq!(st.model_steps, vec![("cuda".to_string(), st.steps)], "{st:?}");
+    assert_eq!(
+        st.model_steps,
+        vec![("cuda".to_string(), st.steps)],
+        "{st:?}"
+    );
     assert_eq!(ask(&open(Backend::Reference)), tokens);
 }

@@ -6,53 +6,28 @@
 //! [`crate::linear::LinearRef::forward_rows`], and [`CpuModel`] reads and writes the same
 //! [`crate::model::state::SeqState`] as [`crate::Model::forward`].
 //!
-//! Layout: `simd` (level detection); `qmatvec` / `qmatmul` (kernels, with x86 inner loops in
-//! `avx2`, `avx512`, `avx512_digits` (activation bytes for Split24 and `Precision::Fast`),
-//! `avx512_mm` for the f32 prefill tile, `avx512_vnni_mm` for prefill at Split24 and Fast, and
-//! `avx512_tiles` for matrices stored in 16-row tiles; `avx512_attention` for attention's
-//! scores and weighted sums); `pool`
-//! (threads); `ops`, `attention`, `delta` (vectorized helpers); `exec` (projections as one
-//! pool job); `mixer`, `moe`, `model` (the forward pass); `state` (the fast path's bf16
-//! recurrent states).
+//! Layout, from the top down: `engine` ([`CpuModel`], the [`crate::engine::Engine`] that
+//! runs a step: embedding, the decoder layers, the head, with every buffer sized once) and
+//! `state` (the fast path's bf16 recurrent states); `blocks` (a layer's parts on the kernels:
+//! projections as one pool job, the mixers, the MoE); `kernels` (SIMD level, thread pool,
+//! quantized products and their x86 inner loops, vectorized attention, DeltaNet and small
+//! ops). Dependencies point down only.
 
-pub mod attention;
-#[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
-#[cfg(target_arch = "x86_64")]
-mod avx512_attention;
-#[cfg(target_arch = "x86_64")]
-mod avx512_digits;
-#[cfg(target_arch = "x86_64")]
-mod avx512_mm;
-#[cfg(target_arch = "x86_64")]
-mod avx512_tiles;
-#[cfg(target_arch = "x86_64")]
-mod avx512_vnni_mm;
-pub mod delta;
-pub mod exec;
-pub mod mixer;
-pub mod model;
-pub mod moe;
-pub mod ops;
-pub mod pool;
-pub mod qmatmul;
-pub mod qmatvec;
-pub mod simd;
+pub mod blocks;
+pub mod engine;
+pub mod kernels;
 pub mod state;
 #[doc(hidden)]
 pub mod testutil;
-mod xprep;
 
-pub use model::{CpuModel, CpuOptions};
-pub use moe::{SwigluScratch, expert_swiglu};
-pub use pool::CpuPool;
-pub use qmatmul::{XBatch, qmatmul, qmatmul_at, qmatmul_pool, qmatmul_pool_at};
-pub use qmatvec::{
+pub use blocks::moe::{SwigluScratch, expert_swiglu};
+pub use engine::{CpuModel, CpuOptions};
+pub use kernels::pool::CpuPool;
+pub use kernels::qmatmul::{XBatch, qmatmul, qmatmul_at, qmatmul_pool, qmatmul_pool_at};
+pub use kernels::qmatvec::{
     Precision, XPrep, check, dequant_row, matvec_rows, qmatvec, qmatvec_pool, qmatvec_pool_at,
 };
-pub use simd::SimdLevel;
+pub use kernels::simd::SimdLevel;
 
 /// Moves one 16-row block of 4-bit packed bytes (`src`, 16 rows of `rb` bytes) into 16-row
 /// tiles in `dst` with AVX-512 where this CPU has it; false (nothing written) elsewhere, for
@@ -61,7 +36,7 @@ pub(crate) fn tile_block16(src: &[u8], rb: usize, dst: &mut [u8]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if SimdLevel::detect() == SimdLevel::Avx512 && rb.is_multiple_of(16) {
         // SAFETY: the level (with VBMI) was detected; the sizes are asserted inside.
-        unsafe { avx512_tiles::tile_block16(src, rb, dst) };
+        unsafe { kernels::avx512_tiles::tile_block16(src, rb, dst) };
         return true;
     }
     let _ = (src, rb, dst);

@@ -10,7 +10,7 @@
 //! layers (conv windows, keys and values) stays live. It must not change any state's f32
 //! layout or what the exact path computes.
 
-use crate::cpu::delta::{bf16_bits, bf16_to_f32};
+use crate::cpu::kernels::delta::{bf16_bits, bf16_to_f32};
 use crate::error::Result;
 use crate::model::state::{DeviceState, LayerState, SeqState};
 

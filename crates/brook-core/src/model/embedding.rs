@@ -13,7 +13,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::cpu::qmatvec::{check, dequant_row};
+use crate::cpu::kernels::qmatvec::{check, dequant_row};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::linear::{Linear, LinearRef, MatRef, Weights};

@@ -10,11 +10,11 @@
 //! mlx-lm's fixtures.
 
 use crate::config::LayerKind;
-use crate::cpu::exec::{Exec, XScratch};
-use crate::cpu::mixer::{self, MixerScratch, Ssm};
-use crate::cpu::moe::{self, MoeScratch};
-use crate::cpu::ops::{add, rms_norm_rows};
-use crate::cpu::qmatvec::check;
+use crate::cpu::blocks::exec::{Exec, XScratch};
+use crate::cpu::blocks::mixer::{self, MixerScratch, Ssm};
+use crate::cpu::blocks::moe::{self, MoeScratch};
+use crate::cpu::kernels::ops::{add, rms_norm_rows};
+use crate::cpu::kernels::qmatvec::check;
 use crate::cpu::state::Bf16Ssm;
 use crate::cpu::{CpuPool, Precision, SimdLevel};
 use crate::engine::driver::{Call, drive};
@@ -22,7 +22,7 @@ use crate::engine::{Caps, Engine, ModelRef, Routing, Step, Trace};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
 use crate::model::state::{LayerState, SeqState};
-use crate::model::weights::Mixer;
+use crate::model::weights::{AttentionWeights, DeltaNetWeights, LayerWeights, Mixer};
 use crate::model::{Logits, Model, Stage};
 
 /// How [`CpuModel`] runs.
@@ -152,7 +152,7 @@ impl<'m> CpuModel<'m> {
             pool,
             opts,
             conv_t,
-            inv_freq: crate::cpu::ops::rope_inv_freq(cfg),
+            inv_freq: crate::cpu::kernels::ops::rope_inv_freq(cfg),
             x: vec![0.0; c * h],
             normed: vec![0.0; c * h],
             delta: vec![0.0; c * h],
@@ -291,96 +291,196 @@ impl<'m> CpuModel<'m> {
     fn chunk(&mut self, state: &mut SeqState, tokens: &[u32], trace: &mut Trace<'_>) -> Result<()> {
         // A cheap handle (a reference copy or an Arc count), so `self`'s scratch stays free.
         let model_ref = self.model.clone();
-        let (model, cfg): (&Model, &_) = (&model_ref, &model_ref.cfg);
-        let (h, t, level, eps) = (cfg.hidden_size, tokens.len(), self.level, cfg.rms_norm_eps);
-        let ex = Exec {
-            pool: &self.pool,
-            level,
-            precision: self.opts.precision,
+        let model: &Model = &model_ref;
+        let (h, t) = (model.cfg.hidden_size, tokens.len());
+        let mut pass = Pass {
+            ex: Exec {
+                pool: &self.pool,
+                level: self.level,
+                precision: self.opts.precision,
+            },
+            model,
+            x: &mut self.x[..t * h],
+            normed: &mut self.normed[..t * h],
+            delta: &mut self.delta[..t * h],
+            mix: &mut self.mix,
+            moe: &mut self.moe,
+            pos: state.pos,
         };
-        let (x, normed, delta) = (
-            &mut self.x[..t * h],
-            &mut self.normed[..t * h],
-            &mut self.delta[..t * h],
-        );
-        for (row, &tok) in x.chunks_exact_mut(h).zip(tokens) {
+        for (row, &tok) in pass.x.chunks_exact_mut(h).zip(tokens) {
             model.dense.embed_tokens.row(tok as usize, row)?;
         }
         if let Some(f) = trace.as_mut() {
-            f(Stage::Embed(x));
+            f(Stage::Embed(pass.x));
         }
-        let pos0 = state.pos;
         let SeqState { layers, device, .. } = state;
         let mut held = Bf16Ssm::in_slot(device);
         for (i, (layer, ls)) in model.dense.layers.iter().zip(layers).enumerate() {
-            // The layer's likely experts, guessed from the stream entering it (the embedding
-            // for layer 0), read while its mixer computes.
-            if model.prefetch && t == 1 {
-                rms_norm_rows(level, x, &layer.post_attention_layernorm, eps, normed);
-                let experts = model.experts.as_ref();
-                moe::prefetch_next(&ex, &layer.mlp, cfg, experts, i, normed, &mut self.moe)?;
-            }
-            rms_norm_rows(level, x, &layer.input_layernorm, eps, normed);
-            match (&layer.mixer, ls) {
-                (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => mixer::delta_net(
-                    &ex,
+            let mixer = match (&layer.mixer, ls) {
+                (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => MixerState::Delta {
                     w,
-                    cfg,
-                    &self.conv_t[i],
+                    conv_t: &self.conv_t[i],
                     conv,
-                    match held.as_mut() {
+                    ssm: match held.as_mut() {
                         Some(h) => Ssm::Bf16(&mut h.layers[i]),
                         None => Ssm::F32(ssm),
                     },
-                    normed,
-                    delta,
-                    &mut self.mix,
-                )?,
-                (Mixer::Full(w), LayerState::Full { keys, values }) => mixer::attention(
-                    &ex,
+                },
+                (Mixer::Full(w), LayerState::Full { keys, values }) => MixerState::Attention {
                     w,
-                    cfg,
-                    &self.inv_freq,
+                    inv_freq: &self.inv_freq,
                     keys,
                     values,
-                    pos0,
-                    normed,
-                    delta,
-                    &mut self.mix,
-                )?,
+                },
                 _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
-            }
-            add(level, delta, x);
-            rms_norm_rows(level, x, &layer.post_attention_layernorm, eps, normed);
-            moe::forward(
-                &ex,
-                &layer.mlp,
-                cfg,
-                model.experts.as_ref(),
-                i,
-                normed,
-                delta,
-                &mut self.moe,
-            )?;
-            add(level, delta, x);
+            };
+            pass.decoder_layer(i, layer, mixer)?;
             if let Some(f) = trace.as_mut() {
-                let k = cfg.num_experts_per_tok;
-                let routes: Vec<Route> = (0..t)
-                    .map(|ti| Route {
-                        experts: self.moe.sel[ti * k..(ti + 1) * k].to_vec(),
-                        weights: self.moe.wts[ti * k..(ti + 1) * k].to_vec(),
-                    })
-                    .collect();
-                f(Stage::Routes(i, &routes));
-                f(Stage::Layer(i, x));
+                f(Stage::Routes(i, &pass.routes(t)));
+                f(Stage::Layer(i, pass.x));
             }
         }
         state.pos += t;
-        rms_norm_rows(level, x, &model.dense.norm, eps, normed);
+        rms_norm_rows(
+            pass.ex.level,
+            pass.x,
+            &model.dense.norm,
+            model.cfg.rms_norm_eps,
+            pass.normed,
+        );
         if let Some(f) = trace.as_mut() {
-            f(Stage::Norm(normed));
+            f(Stage::Norm(pass.normed));
         }
         Ok(())
+    }
+}
+
+/// One layer's mixer with its weights and the sequence's state for it.
+enum MixerState<'a> {
+    Delta {
+        w: &'a DeltaNetWeights,
+        conv_t: &'a [f32],   // [K, conv_dim]
+        conv: &'a mut [f32], // [K-1, conv_dim]
+        ssm: Ssm<'a>,        // [nv, dk, dv]
+    },
+    Attention {
+        w: &'a AttentionWeights,
+        inv_freq: &'a [f64],      // [rotary_dim / 2]
+        keys: &'a mut Vec<f32>,   // [pos, nkv, hd]
+        values: &'a mut Vec<f32>, // [pos, nkv, hd]
+    },
+}
+
+/// What the layers of one chunk share: the kernels' executor, the residual stream and the
+/// scratch, all sized once by [`CpuModel`].
+struct Pass<'a> {
+    ex: Exec<'a>,
+    model: &'a Model,
+    x: &'a mut [f32],      // [t, H] residual stream
+    normed: &'a mut [f32], // [t, H]
+    delta: &'a mut [f32],  // [t, H] a sub-block's output
+    mix: &'a mut MixerScratch,
+    moe: &'a mut MoeScratch,
+    /// Position of the chunk's first token.
+    pos: usize,
+}
+
+impl Pass<'_> {
+    /// `x += mixer(input_layernorm(x)); x += moe(post_attention_layernorm(x))`, as mlx-lm's
+    /// `DecoderLayer.__call__`.
+    fn decoder_layer(
+        &mut self,
+        i: usize,
+        layer: &LayerWeights,
+        mixer: MixerState<'_>,
+    ) -> Result<()> {
+        if self.model.prefetch && self.x.len() == self.model.cfg.hidden_size {
+            self.prefetch(i, layer)?;
+        }
+        self.norm(&layer.input_layernorm);
+        self.mixer(mixer)?;
+        add(self.ex.level, self.delta, self.x);
+        self.norm(&layer.post_attention_layernorm);
+        let experts = self.model.experts.as_ref();
+        let cfg = &self.model.cfg;
+        moe::forward(
+            &self.ex,
+            &layer.mlp,
+            cfg,
+            experts,
+            i,
+            self.normed,
+            self.delta,
+            self.moe,
+        )?;
+        add(self.ex.level, self.delta, self.x);
+        Ok(())
+    }
+
+    /// `normed = rms_norm(x) * w`.
+    fn norm(&mut self, w: &[f32]) {
+        let eps = self.model.cfg.rms_norm_eps;
+        rms_norm_rows(self.ex.level, self.x, w, eps, self.normed);
+    }
+
+    /// `delta = mixer(normed)`, advancing the mixer's state.
+    fn mixer(&mut self, m: MixerState<'_>) -> Result<()> {
+        let (ex, cfg) = (&self.ex, &self.model.cfg);
+        match m {
+            MixerState::Delta {
+                w,
+                conv_t,
+                conv,
+                ssm,
+            } => mixer::delta_net(
+                ex,
+                w,
+                cfg,
+                conv_t,
+                conv,
+                ssm,
+                self.normed,
+                self.delta,
+                self.mix,
+            ),
+            MixerState::Attention {
+                w,
+                inv_freq,
+                keys,
+                values,
+            } => mixer::attention(
+                ex,
+                w,
+                cfg,
+                inv_freq,
+                keys,
+                values,
+                self.pos,
+                self.normed,
+                self.delta,
+                self.mix,
+            ),
+        }
+    }
+
+    /// Starts reading the layer's likely experts, guessed from the stream entering it (the
+    /// embedding for layer 0), while its mixer computes. One token only: a chunk needs nearly
+    /// every expert anyway.
+    fn prefetch(&mut self, i: usize, layer: &LayerWeights) -> Result<()> {
+        self.norm(&layer.post_attention_layernorm);
+        let (experts, cfg) = (self.model.experts.as_ref(), &self.model.cfg);
+        moe::prefetch_next(&self.ex, &layer.mlp, cfg, experts, i, self.normed, self.moe)
+    }
+
+    /// The routes the last layer took, one per token (tracing only: allocates).
+    fn routes(&self, t: usize) -> Vec<Route> {
+        let k = self.model.cfg.num_experts_per_tok;
+        (0..t)
+            .map(|ti| Route {
+                experts: self.moe.sel[ti * k..(ti + 1) * k].to_vec(),
+                weights: self.moe.wts[ti * k..(ti + 1) * k].to_vec(),
+            })
+            .collect()
     }
 }
 

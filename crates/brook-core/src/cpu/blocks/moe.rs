@@ -16,10 +16,10 @@ use std::sync::Mutex;
 
 use crate::config::ModelConfig;
 use crate::cpu::SimdLevel;
-use crate::cpu::exec::{Exec, XScratch};
-use crate::cpu::ops::{route_top_k, swiglu_act};
-use crate::cpu::pool::SharedMut;
-use crate::cpu::qmatvec::{XPrep, check, matvec_rows, qmatvec, warm};
+use crate::cpu::blocks::exec::{Exec, XScratch};
+use crate::cpu::kernels::ops::{route_top_k, swiglu_act};
+use crate::cpu::kernels::pool::SharedMut;
+use crate::cpu::kernels::qmatvec::{XPrep, check, matvec_rows, qmatvec, warm};
 use crate::error::{Error, Result};
 use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 use crate::model::PREFETCH_GUESSES;

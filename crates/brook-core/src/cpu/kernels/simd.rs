@@ -62,7 +62,7 @@ impl SimdLevel {
     }
 
     /// Whether this CPU has AVX-512 BF16 (`vcvtneps2bf16`), used by the fast path's bf16
-    /// recurrent states ([`crate::cpu::delta::step_bf16`]).
+    /// recurrent states ([`crate::cpu::kernels::delta::step_bf16`]).
     pub fn has_avx512_bf16() -> bool {
         static BF16: OnceLock<bool> = OnceLock::new();
         *BF16.get_or_init(|| {

@@ -14,8 +14,8 @@ use std::cell::RefCell;
 use std::ops::Range;
 
 use crate::cpu::SimdLevel;
-use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
-use crate::cpu::qmatvec::{Affine, Precision, check, dequant_row, dot};
+use crate::cpu::kernels::pool::{Chunks, CpuPool, SharedMut};
+use crate::cpu::kernels::qmatvec::{Affine, Precision, check, dequant_row, dot};
 use crate::error::{Error, Result};
 use crate::linear::{LinearRef, MatRef, Order};
 

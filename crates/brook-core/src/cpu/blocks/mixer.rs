@@ -12,14 +12,14 @@
 use std::ops::Range;
 
 use crate::config::ModelConfig;
-use crate::cpu::attention::attend;
-use crate::cpu::delta::{self, HeadRows};
-use crate::cpu::exec::{Exec, XScratch};
-use crate::cpu::ops::{
+use crate::cpu::blocks::exec::{Exec, XScratch};
+use crate::cpu::kernels::attention::attend;
+use crate::cpu::kernels::delta::{self, HeadRows};
+use crate::cpu::kernels::ops::{
     gated_rms_norm, mul_acc, rms_norm, rms_norm_scaled_inplace, rope, rope_angles, sigmoid_gate,
     silu_inplace,
 };
-use crate::cpu::pool::{Chunks, SharedMut};
+use crate::cpu::kernels::pool::{Chunks, SharedMut};
 use crate::error::{Error, Result};
 use crate::model::ops::{sigmoid, softplus};
 use crate::model::weights::{AttentionWeights, DeltaNetWeights};

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::MoeScratch;
 use crate::config::ModelConfig;
-use crate::cpu::exec::Exec;
-use crate::cpu::ops::{route_top_k, swiglu_act};
-use crate::cpu::pool::{Chunks, SharedMut};
-use crate::cpu::qmatmul::XBatch;
+use crate::cpu::blocks::exec::Exec;
+use crate::cpu::kernels::ops::{route_top_k, swiglu_act};
+use crate::cpu::kernels::pool::{Chunks, SharedMut};
+use crate::cpu::kernels::qmatmul::XBatch;
 use crate::error::{Error, Result};
 use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource};
 use crate::model::ops::sigmoid;

@@ -9,9 +9,9 @@
 use std::ops::Range;
 
 use crate::cpu::SimdLevel;
-use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
-use crate::cpu::qmatmul::{XBatch, matmul_rows};
-use crate::cpu::qmatvec::{Precision, XPrep, check, matvec_rows};
+use crate::cpu::kernels::pool::{Chunks, CpuPool, SharedMut};
+use crate::cpu::kernels::qmatmul::{XBatch, matmul_rows};
+use crate::cpu::kernels::qmatvec::{Precision, XPrep, check, matvec_rows};
 use crate::error::{Error, Result};
 use crate::linear::LinearRef;
 

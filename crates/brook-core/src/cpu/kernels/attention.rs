@@ -6,7 +6,7 @@
 //! [`crate::model::attention::forward`].
 
 use crate::cpu::SimdLevel;
-use crate::cpu::ops::{plain, simd_fn, softmax_act};
+use crate::cpu::kernels::ops::{plain, simd_fn, softmax_act};
 
 /// Positions weighed per block: a block's values (`BLOCK` rows of hd floats) stay in L1/L2
 /// across the passes over its dimensions, and the next block's rows are prefetched meanwhile.

@@ -11,13 +11,13 @@
 use std::ops::Range;
 
 use crate::cpu::SimdLevel;
-use crate::cpu::pool::{Chunks, CpuPool, SharedMut};
+use crate::cpu::kernels::pool::{Chunks, CpuPool, SharedMut};
 use crate::dtype::DType;
 use crate::error::{Error, Result};
 use crate::linear::{LinearRef, MatRef, Order};
 use crate::quant;
 
-pub use crate::cpu::xprep::{Precision, XPrep};
+pub use crate::cpu::kernels::xprep::{Precision, XPrep};
 
 /// Groups whose scales are widened to f32 at once; a longer row is done in segments.
 pub(crate) const SEG_GROUPS: usize = 512;

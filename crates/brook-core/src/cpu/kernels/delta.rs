@@ -9,7 +9,7 @@
 //! decay–read–update–read sequence in one trip through memory instead of four passes.
 
 use crate::cpu::SimdLevel;
-use crate::cpu::ops::{exp_act, plain, simd_fn};
+use crate::cpu::kernels::ops::{exp_act, plain, simd_fn};
 use crate::model::delta_net::CHUNK;
 
 /// Value columns [`step`] gathers at once (two accumulators of this many floats, in L1): a
