@@ -10,8 +10,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use brook_core::config::ModelConfig;
-use brook_core::engine::driver::{Call, drive};
-use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step};
+use brook_core::engine::driver::drive_own;
+use brook_core::engine::{Caps, Engine, GpuStats, Step};
 use brook_core::experts::budget::fmt_bytes;
 use brook_core::model::open::OpenOptions;
 use brook_core::model::state::SeqState;
@@ -164,18 +164,7 @@ impl CudaModel {
         tokens: &[u32],
         want: Logits,
     ) -> Result<&[f32]> {
-        let mut out = std::mem::take(&mut self.out);
-        let call = Call {
-            state,
-            tokens,
-            want,
-            routing: Routing::Router,
-            trace: None,
-            context: self.opts.context,
-        };
-        let r = drive(self, call, &mut out);
-        self.out = out;
-        r.map(|_| &self.out[..])
+        drive_own(self, |m| &mut m.out, state, tokens, want, None)
     }
 
     /// One chunk of one sequence, whose state `place` put on this GPU; appends the logits

@@ -17,8 +17,8 @@ use crate::cpu::kernels::ops::{add, rms_norm_rows};
 use crate::cpu::kernels::qmatvec::check;
 use crate::cpu::state::Bf16Ssm;
 use crate::cpu::{CpuPool, Precision, SimdLevel};
-use crate::engine::driver::{Call, drive};
-use crate::engine::{Caps, Engine, ModelRef, Routing, Step, Trace};
+use crate::engine::driver::drive_own;
+use crate::engine::{Caps, Engine, ModelRef, Step, Trace};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
 use crate::model::state::{LayerState, SeqState};
@@ -209,18 +209,7 @@ impl<'m> CpuModel<'m> {
         want: Logits,
         trace: Trace<'_>,
     ) -> Result<&[f32]> {
-        let mut out = std::mem::take(&mut self.out);
-        let call = Call {
-            state,
-            tokens,
-            want,
-            routing: Routing::Router,
-            trace,
-            context: usize::MAX,
-        };
-        let r = drive(self, call, &mut out);
-        self.out = out;
-        r.map(|_| &self.out[..])
+        drive_own(self, |m| &mut m.out, state, tokens, want, trace)
     }
 
     /// The logits `want` asks of the chunk whose normed rows `chunk` left in `normed`.

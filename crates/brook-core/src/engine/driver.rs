@@ -122,10 +122,7 @@ impl<'m> Forward<'m> {
         want: Logits,
         trace: Trace<'_>,
     ) -> Result<&[f32]> {
-        let mut out = std::mem::take(&mut self.out);
-        let r = self.run(state, tokens, want, Routing::Router, trace, &mut out);
-        self.out = out;
-        r.map(|()| &self.out[..])
+        self.forward_own(state, tokens, want, Routing::Router, trace)
     }
 
     /// [`Forward::forward`] with the routed experts given (a routing trace replayed).
@@ -136,8 +133,20 @@ impl<'m> Forward<'m> {
         want: Logits,
         routing: Routing<'_>,
     ) -> Result<&[f32]> {
+        self.forward_own(state, tokens, want, routing, None)
+    }
+
+    /// A call whose logits land in the driver's own buffer.
+    fn forward_own(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        want: Logits,
+        routing: Routing<'_>,
+        trace: Trace<'_>,
+    ) -> Result<&[f32]> {
         let mut out = std::mem::take(&mut self.out);
-        let r = self.run(state, tokens, want, routing, None, &mut out);
+        let r = self.run(state, tokens, want, routing, trace, &mut out);
         self.out = out;
         r.map(|()| &self.out[..])
     }
@@ -285,4 +294,30 @@ pub fn drive(
         engine.model().count_step(engine.name());
     }
     Ok(n as u64)
+}
+
+/// One call through [`drive`] on an engine that keeps its own logits buffer (`buf` finds it):
+/// the shorthand `forward` of an engine used alone (tests, benchmarks), with no context limit
+/// beyond the engine's.
+pub fn drive_own<'e, E: Engine>(
+    engine: &'e mut E,
+    buf: fn(&mut E) -> &mut Vec<f32>,
+    state: &mut SeqState,
+    tokens: &[u32],
+    want: Logits,
+    trace: Trace<'_>,
+) -> Result<&'e [f32]> {
+    let mut out = std::mem::take(buf(engine));
+    let call = Call {
+        state,
+        tokens,
+        want,
+        routing: Routing::Router,
+        trace,
+        context: usize::MAX,
+    };
+    let r = drive(engine, call, &mut out);
+    *buf(engine) = out;
+    r?;
+    Ok(&buf(engine)[..])
 }

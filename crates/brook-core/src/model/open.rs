@@ -108,12 +108,12 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
     let k = cfg.num_experts_per_tok;
     let per_token = 8 * h + 4 * conv + 5 * vd + qd + context.min(chunk + 1) + cfg.num_experts;
     // Prefill keeps every routed expert's output (k·H per token, in place of one expert's
-    // input and output), and each thread one expert's 64 tokens (cpu/moe.rs, `Lane`) and
+    // input and output), and each thread one expert's 64 tokens (cpu/blocks/moe.rs, `Lane`) and
     // attention scores for the query heads of one kv head.
     let routed = chunk * k.saturating_sub(2) * h;
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     let lanes = threads * 64 * (h + 2 * cfg.moe_intermediate_size);
-    // Attention scores: per thread, one row per query head of a kv head (cpu/mixer.rs).
+    // Attention scores: per thread, one row per query head of a kv head (cpu/blocks/mixer.rs).
     let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
     let scores = threads * group.max(1) * context;
     let scratch = (chunk * per_token + routed + lanes + scores) * 4 + 3 * cfg.vocab_size * 4;
