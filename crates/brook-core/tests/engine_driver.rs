@@ -1,0 +1,155 @@
+//! The driver every engine runs behind (`brook_core::engine::Forward`): chunking to the
+//! engine's step size, which logits each step keeps, the context limit, refusing what an
+//! engine cannot take, and starting a state afresh after a failed step. An engine here wraps
+//! the reference engine, steps at most 3 tokens and can be told to fail.
+
+mod common;
+
+use brook_core::engine::{Caps, Engine, Forward, GivenRoutes, Reference, Routing, Step};
+use brook_core::model::state::SeqState;
+use brook_core::{Error, Logits, Model, Result};
+use common::{fixture, rel_l2};
+
+/// The reference engine in steps of at most 3 tokens, recording each step's length.
+#[derive(Debug)]
+struct Small<'m> {
+    inner: Reference<'m>,
+    steps: Vec<usize>,
+    /// Fail the step with this index (0-based), after it has advanced the state.
+    fail_at: Option<usize>,
+}
+
+impl Engine for Small<'_> {
+    fn name(&self) -> &'static str {
+        "small"
+    }
+    fn model(&self) -> &Model {
+        self.inner.model()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            max_chunk: 3,
+            ..self.inner.caps()
+        }
+    }
+    fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
+        self.inner.place(state, tokens)
+    }
+    fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        assert_eq!(step.seqs.len(), 1);
+        let n = step.seqs[0].tokens.len();
+        assert!(n <= 3, "the driver handed {n} tokens to a 3-token engine");
+        self.inner.step(step)?;
+        self.steps.push(n);
+        if self.fail_at == Some(self.steps.len() - 1) {
+            return Err(Error::Invalid("injected step failure".into()));
+        }
+        Ok(())
+    }
+}
+
+fn small(model: &Model) -> Small<'_> {
+    Small {
+        inner: Reference::new(model),
+        steps: Vec::new(),
+        fail_at: None,
+    }
+}
+
+const TOKENS: [u32; 8] = [1, 5, 9, 2, 7, 3, 8, 4];
+
+#[test]
+fn calls_split_into_engine_steps_and_keep_the_logits_asked_for() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let v = model.cfg.vocab_size;
+    let whole = model
+        .forward(&mut model.new_state(), &TOKENS, Logits::All, None)
+        .expect("reference");
+    let mut f = Forward::new(small(&model));
+    let mut st = f.new_state(0);
+    let all = f
+        .forward(&mut st, &TOKENS, Logits::All)
+        .expect("all")
+        .to_vec();
+    assert_eq!(all.len(), TOKENS.len() * v);
+    assert!(rel_l2(&all, &whole) < 1e-5, "{}", rel_l2(&all, &whole));
+    assert_eq!(st.pos, TOKENS.len());
+
+    let mut st = f.new_state(0);
+    let last = f
+        .forward(&mut st, &TOKENS, Logits::Last)
+        .expect("last")
+        .to_vec();
+    assert_eq!(last.len(), v);
+    assert!(rel_l2(&last, &whole[7 * v..]) < 1e-5);
+    let mut st = f.new_state(0);
+    assert!(
+        f.forward(&mut st, &TOKENS, Logits::None)
+            .expect("none")
+            .is_empty()
+    );
+    let s = f.stats();
+    assert_eq!(
+        (s.engine.as_str(), s.forward_calls, s.steps),
+        ("small", 3, 9)
+    );
+    assert_eq!(s.tokens, 3 * TOKENS.len() as u64);
+    // The model counts every engine's steps over it: the reference call above was one.
+    let counts = vec![("reference".to_string(), 1), ("small".to_string(), 9)];
+    assert_eq!(s.model_steps, counts);
+}
+
+#[test]
+fn the_context_limit_and_bad_tokens_are_refused_before_any_step() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let mut f = Forward::with_context(Box::new(small(&model)), 6);
+    let mut st = f.new_state(0);
+    let e = f
+        .forward(&mut st, &TOKENS, Logits::Last)
+        .expect_err("too long");
+    assert!(e.to_string().contains("context"), "{e}");
+    let e = f
+        .forward(&mut st, &[u32::MAX], Logits::Last)
+        .expect_err("bad id");
+    assert!(e.to_string().contains("out of range"), "{e}");
+    assert!(f.forward(&mut st, &[], Logits::Last).is_err());
+    assert_eq!(st.pos, 0);
+    assert_eq!(f.stats().steps, 0);
+}
+
+struct Fixed(Vec<usize>);
+
+impl GivenRoutes for Fixed {
+    fn experts(&self, _seq: usize, _token: usize, _layer: usize) -> Option<&[usize]> {
+        Some(&self.0)
+    }
+}
+
+#[test]
+fn a_given_routing_is_refused_by_an_engine_that_cannot_replay() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let mut f = Forward::new(small(&model));
+    let mut st = f.new_state(0);
+    let routes = Fixed(vec![0, 1]);
+    let e = f
+        .forward_routed(&mut st, &TOKENS, Logits::Last, Routing::Given(&routes))
+        .expect_err("no replay");
+    assert!(e.to_string().contains("cannot replay"), "{e}");
+}
+
+#[test]
+fn a_failed_step_leaves_a_fresh_state_not_a_half_updated_one() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let mut engine = small(&model);
+    engine.fail_at = Some(1);
+    let mut f = Forward::new(engine);
+    let mut st = f.new_state(0);
+    f.forward(&mut st, &TOKENS[..2], Logits::Last)
+        .expect("first call");
+    assert_eq!(st.pos, 2);
+    let e = f
+        .forward(&mut st, &TOKENS, Logits::Last)
+        .expect_err("injected");
+    assert!(e.to_string().contains("injected"), "{e}");
+    assert_eq!(st, model.new_state());
+}
