@@ -5,7 +5,8 @@ Usage:
     python3 scripts/bench_faces.py --model DIR --memory-budget 3GiB [--brook target/release/brook]
         [-p 512] [-n 128] [--rounds 1] [--backend cpu] [-- extra brook flags]
 
-Runs, in turn and `--rounds` times (alternating the programs): `brook bench -p P -n N -r 1`;
+Runs, in turn and `--rounds` times (alternating the programs): `brook bench -p P -n N -d P -r 1`
+(its decode after P tokens of context, as the faces decode after their P-token prompt);
 `brook generate --prompt-tokens <P ids> --max-tokens N --ignore-eos --json`; `brook serve` with
 scripts/bench_serve.py (the official openai client, streamed) against it; `brook chat` driven
 through stdin with a prompt of about P tokens and `/stats`. Prints one table: decode tok/s and
@@ -34,8 +35,10 @@ def run(cmd, **kw):
 
 
 def bench(a, common):
-    out = run([a.brook, "bench", *common, "-p", str(a.p), "-n", str(a.n), "-r", "1",
-               "--disk-secs", "0", "--json"])
+    # `-d p`: the decode test runs after p tokens of context, as the faces decode after their
+    # p-token prompt (attention reads p more positions a token).
+    out = run([a.brook, "bench", *common, "-p", str(a.p), "-n", str(a.n), "-d", str(a.p),
+               "-r", "1", "--disk-secs", "0", "--json"])
     row = json.loads(out.strip().splitlines()[-1])
     return {"decode": row["tg_tok_s"], "ttft": row["ttft_s"], "engine": row.get("backend")}
 
