@@ -86,8 +86,11 @@ fn chunk(
         f(Stage::Embed(&x));
     }
     let pos = state.pos;
+    let mut normed = vec![0.0; t * h]; // [T, H]
+    let mut delta = vec![0.0; t * h]; // [T, H] a sub-block's output
     for (i, (layer, ls)) in model.dense.layers.iter().zip(&mut state.layers).enumerate() {
-        let routes = decoder_layer(model, i, layer, ls, pos, &mut x)?;
+        let bufs = (&mut normed[..], &mut delta[..]);
+        let routes = decoder_layer(model, i, layer, ls, pos, &mut x, bufs)?;
         if model.prefetch {
             model.prefetch_next(i, &x);
         }
@@ -97,7 +100,6 @@ fn chunk(
         }
     }
     state.pos += t;
-    let mut normed = vec![0.0; t * h];
     norm_rows(&x, &model.dense.norm, cfg.rms_norm_eps, &mut normed);
     if let Some(f) = trace.as_mut() {
         f(Stage::Norm(&normed));
@@ -112,7 +114,8 @@ fn chunk(
     Ok(logits)
 }
 
-/// `x += mixer(norm(x)); x += moe(norm(x))` for layer `i`; returns the routes it took.
+/// `x += mixer(norm(x)); x += moe(norm(x))` for layer `i`, with the chunk's `normed` and
+/// `delta` scratch; returns the routes it took.
 fn decoder_layer(
     model: &Model,
     i: usize,
@@ -120,26 +123,25 @@ fn decoder_layer(
     ls: &mut LayerState,
     pos: usize,
     x: &mut [f32],
+    (normed, delta): (&mut [f32], &mut [f32]),
 ) -> Result<Vec<Route>> {
     let cfg = &model.cfg;
     let eps = cfg.rms_norm_eps;
-    let mut normed = vec![0.0; x.len()];
-    let mut delta = vec![0.0; x.len()];
-    norm_rows(x, &layer.input_layernorm, eps, &mut normed);
+    norm_rows(x, &layer.input_layernorm, eps, normed);
     match (&layer.mixer, ls) {
         (Mixer::Linear(w), LayerState::Linear { conv, ssm }) => {
-            delta_net::forward(w, cfg, conv, ssm, &normed, model.delta_mode, &mut delta)
+            delta_net::forward(w, cfg, conv, ssm, normed, model.delta_mode, delta)
         }
         (Mixer::Full(w), LayerState::Full { keys, values }) => {
-            attention::forward(w, cfg, keys, values, pos, &normed, &mut delta)
+            attention::forward(w, cfg, keys, values, pos, normed, delta)
         }
         _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
     }
-    add(x, &delta);
-    norm_rows(x, &layer.post_attention_layernorm, eps, &mut normed);
+    add(x, delta);
+    norm_rows(x, &layer.post_attention_layernorm, eps, normed);
     let experts = model.experts.as_ref();
-    let routes = moe::forward(&layer.mlp, cfg, experts, i, &normed, &mut delta)?;
-    add(x, &delta);
+    let routes = moe::forward(&layer.mlp, cfg, experts, i, normed, delta)?;
+    add(x, delta);
     Ok(routes)
 }
 
