@@ -7,7 +7,9 @@ Usage:
 
 Runs, in turn and `--rounds` times (alternating the programs): `brook bench -p P -n N -d P -r 1`
 (its decode after P tokens of context, as the faces decode after their P-token prompt);
-`brook generate --prompt-tokens <P ids> --max-tokens N --ignore-eos --json`; `brook serve` with
+`brook generate --prompt-tokens <P ids> --max-tokens N --ignore-eos --json`; the same with a
+text prompt of about P tokens (`--prompt TEXT`: the conversation path, template, snapshot and
+text stream, without a terminal); `brook serve` with
 scripts/bench_serve.py (the official openai client, streamed) against it; `brook chat` driven
 through stdin with a prompt of about P tokens and `/stats`. Prints one table: decode tok/s and
 time to first token of each face, and each face's ratio to bench's. The python running this
@@ -72,6 +74,15 @@ def serve(a, common):
         p.wait()
 
 
+def generate_text(a, common, text):
+    # The conversation path (template, snapshot, text stream) without a terminal.
+    out = run([a.brook, "generate", *common, "--prompt", text, "--max-tokens", str(a.n),
+               "--temperature", "0", "--ignore-eos", "--json"])
+    v = json.loads(out)
+    return {"decode": v["decode_tok_s"], "ttft": v["ttft_s"], "engine": v["engine"]["engine"],
+            "prompt_tokens": v["prompt_tokens"]}
+
+
 def chat(a, common, text):
     out = run([a.brook, "chat", *common, "--max-tokens", str(a.n), "--temperature", "0",
                "--ignore-eos"], input=f"{text}\n/stats\n")
@@ -103,10 +114,11 @@ def main():
     words = ["river", "stone", "light", "water", "cloud", "green", "north", "quiet", "table",
              "paper", "seven", "music", "field", "glass", "storm", "bread"]
     text = " ".join(rng.choice(words) for _ in range(a.p - 16))
-    faces = {"bench": [], "generate": [], "serve": [], "chat": []}
+    faces = {"bench": [], "generate": [], "generate-text": [], "serve": [], "chat": []}
     for _ in range(a.rounds):
         faces["bench"].append(bench(a, common))
         faces["generate"].append(generate(a, common, ids))
+        faces["generate-text"].append(generate_text(a, common, text))
         faces["serve"].append(serve(a, common))
         faces["chat"].append(chat(a, common, text))
     cpu = subprocess.run(["sh", "-c", "grep -m1 'model name' /proc/cpuinfo | cut -d: -f2"],
@@ -125,7 +137,7 @@ def main():
     for name, rows in faces.items():
         dec = sum(r["decode"] for r in rows) / len(rows)
         ttft = sum(r["ttft"] for r in rows) / len(rows)
-        note = f" ({rows[0]['prompt_tokens']}-token prompt)" if name == "chat" else ""
+        note = f" ({rows[0]['prompt_tokens']}-token prompt)" if "prompt_tokens" in rows[0] else ""
         print(f"| {name} | {rows[0]['engine']} | {dec:.2f} | {dec / b_dec:.2f} | "
               f"{ttft:.2f}{note} | {ttft / b_ttft:.2f} |")
     print(json.dumps(faces), file=sys.stderr)

@@ -180,3 +180,32 @@ fn from_dir_is_none_without_tokenizer_json() {
     let err = Tokenizer::from_dir(empty).expect_err("bad file is an error");
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
 }
+
+/// A minimal byte-level BPE tokenizer.json whose piece "b" has id `b_id`.
+fn tiny_json(b_id: u64) -> String {
+    format!(
+        r#"{{"version":"1.0","truncation":null,"padding":null,
+        "added_tokens":[{{"id":3,"content":"<|end|>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}],
+        "normalizer":null,
+        "pre_tokenizer":{{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":true}},
+        "post_processor":null,
+        "decoder":{{"type":"ByteLevel","add_prefix_space":false,"trim_offsets":false,"use_regex":true}},
+        "model":{{"type":"BPE","dropout":null,"unk_token":null,"continuing_subword_prefix":null,"end_of_word_suffix":null,"fuse_unk":false,"byte_fallback":false,"ignore_merges":false,
+        "vocab":{{"a":0,"b":{b_id},"Ġ":2}},"merges":[]}}}}"#
+    )
+}
+
+#[test]
+fn token_ids_are_bounded() {
+    let ok = Tokenizer::from_bytes(tiny_json(1).as_bytes()).expect("small ids load");
+    assert_eq!(ok.token_bytes(3), b"<|end|>");
+    assert_eq!(ok.token_bytes(1), b"b");
+    // An id near 2^32 would size the per-token byte table in gigabytes: refused, by name.
+    let err = Tokenizer::from_bytes(tiny_json(4_000_000_000).as_bytes())
+        .expect_err("a huge id is refused");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("4000000000") && msg.contains("corrupt"),
+        "{msg}"
+    );
+}

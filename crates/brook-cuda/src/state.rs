@@ -132,23 +132,28 @@ impl DeviceSeq {
 }
 
 impl DeviceState for DeviceSeq {
-    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+    /// Copies the recurrent states and the first `pos` rows of each KV cache (the rest is
+    /// not written yet), into buffers of the same sizes.
+    fn duplicate(&self, pos: usize) -> Result<Box<dyn DeviceState>> {
         self.gpu.bind()?;
+        let kv_bytes = pos.min(self.context) * self.kv_row * 4;
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
-            let copy = |b: &DevBuf| -> Result<DevBuf> {
+            let copy = |b: &DevBuf, used: usize| -> Result<DevBuf> {
                 let n = self.gpu.alloc(b.bytes, "a copy of a sequence state")?;
-                self.gpu.copy_dd(n.ptr, b.ptr, b.bytes)?;
+                if used > 0 {
+                    self.gpu.copy_dd(n.ptr, b.ptr, used.min(b.bytes))?;
+                }
                 Ok(n)
             };
             layers.push(match l {
                 DevLayer::Linear { conv, ssm } => DevLayer::Linear {
-                    conv: copy(conv)?,
-                    ssm: copy(ssm)?,
+                    conv: copy(conv, conv.bytes)?,
+                    ssm: copy(ssm, ssm.bytes)?,
                 },
                 DevLayer::Full { k, v } => DevLayer::Full {
-                    k: copy(k)?,
-                    v: copy(v)?,
+                    k: copy(k, kv_bytes)?,
+                    v: copy(v, kv_bytes)?,
                 },
             });
         }
@@ -160,6 +165,10 @@ impl DeviceState for DeviceSeq {
             kv_row: self.kv_row,
             graph: None,
         }))
+    }
+
+    fn holds_every_layer(&self) -> bool {
+        true
     }
 
     fn download(&self, layers: &mut [LayerState], pos: usize) -> Result<()> {

@@ -840,5 +840,25 @@ fn sessions_with_backend_cuda_run_the_cuda_engine_and_no_other() {
         vec![("cuda".to_string(), st.steps)],
         "{st:?}"
     );
-    assert_eq!(ask(&open(Backend::Reference)), tokens);
+    let reference = open(Backend::Reference);
+    assert_eq!(ask(&reference), tokens);
+    // A second turn restores the snapshot taken at the end of the first turn's messages (a
+    // copy of the GPU state holding only its used KV rows) and continues from there.
+    let two_turns = |llm: &Arc<Llm>| {
+        let mut s = llm.session();
+        let mut out = Vec::new();
+        for q in ["Which engine runs?", "And now?"] {
+            let c = s
+                .chat(Message::new("user", q), &opts, &mut |_| {})
+                .expect("chat");
+            out.push((c.tokens, c.usage.cached_tokens));
+        }
+        out
+    };
+    let on_gpu = two_turns(&cuda);
+    assert!(
+        on_gpu[1].1 > 0,
+        "the second turn reused no state: {on_gpu:?}"
+    );
+    assert_eq!(on_gpu, two_turns(&reference));
 }

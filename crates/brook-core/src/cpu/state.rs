@@ -54,7 +54,7 @@ impl Bf16Ssm {
 }
 
 impl DeviceState for Bf16Ssm {
-    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+    fn duplicate(&self, _pos: usize) -> Result<Box<dyn DeviceState>> {
         Ok(Box::new(self.clone()))
     }
 

@@ -20,14 +20,36 @@ pub enum LayerState {
     },
 }
 
+impl LayerState {
+    /// The same kind of layer holding nothing.
+    fn empty_like(&self) -> LayerState {
+        match self {
+            LayerState::Linear { .. } => LayerState::Linear {
+                conv: Vec::new(),
+                ssm: Vec::new(),
+            },
+            LayerState::Full { .. } => LayerState::Full {
+                keys: Vec::new(),
+                values: Vec::new(),
+            },
+        }
+    }
+}
+
 /// A sequence state held elsewhere than the host layout: in an accelerator's memory (the CUDA
 /// backend's KV cache and recurrent states), or in another form (the CPU fast path's bf16
 /// recurrent states, `crate::cpu::state`). While a [`SeqState`] carries one, the parts of its
 /// host `layers` that the holder writes back in [`DeviceState::download`] are stale; see
 /// [`SeqState::sync_host`].
 pub trait DeviceState: Send + Sync + std::fmt::Debug {
-    /// A copy in device memory (conversation snapshots clone states).
-    fn duplicate(&self) -> Result<Box<dyn DeviceState>>;
+    /// A copy in device memory of the state after `pos` tokens (conversation snapshots clone
+    /// states; the positions past `pos` need not be copied).
+    fn duplicate(&self, pos: usize) -> Result<Box<dyn DeviceState>>;
+    /// Whether it holds every layer, so that all of the host `layers` are stale (a copy of
+    /// the state then skips them, and `download` must write each layer whole).
+    fn holds_every_layer(&self) -> bool {
+        false
+    }
     /// Writes the state it holds into host `layers` (the reference layout) for `pos` tokens.
     fn download(&self, layers: &mut [LayerState], pos: usize) -> Result<()>;
     /// [`DeviceState::download`] for a holder dropped right after ([`SeqState::sync_host`]):
@@ -46,7 +68,7 @@ pub trait DeviceState: Send + Sync + std::fmt::Debug {
 struct LostState(String);
 
 impl DeviceState for LostState {
-    fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+    fn duplicate(&self, _: usize) -> Result<Box<dyn DeviceState>> {
         Err(Error::Device(self.0.clone()))
     }
     fn download(&self, _: &mut [LayerState], _: usize) -> Result<()> {
@@ -74,10 +96,16 @@ impl Clone for SeqState {
     /// is brought to the host instead, and if even that fails the copy carries the error,
     /// which its next use reports.
     fn clone(&self) -> Self {
-        let mut layers = self.layers.clone();
+        let mut layers = match &self.device {
+            // Stale everywhere: only the layout is copied (the download below fills it).
+            Some(d) if d.holds_every_layer() => {
+                self.layers.iter().map(LayerState::empty_like).collect()
+            }
+            _ => self.layers.clone(),
+        };
         let device = match &self.device {
             None => None,
-            Some(d) => match d.duplicate() {
+            Some(d) => match d.duplicate(self.pos) {
                 Ok(copy) => Some(copy),
                 Err(e) => match d.download(&mut layers, self.pos) {
                     Ok(()) => None,
@@ -176,7 +204,7 @@ mod tests {
     struct Full(Option<f32>);
 
     impl DeviceState for Full {
-        fn duplicate(&self) -> Result<Box<dyn DeviceState>> {
+        fn duplicate(&self, _: usize) -> Result<Box<dyn DeviceState>> {
             Err(Error::Device("out of memory".into()))
         }
         fn download(&self, layers: &mut [LayerState], _pos: usize) -> Result<()> {
@@ -223,6 +251,62 @@ mod tests {
         assert!(
             msg.contains("out of memory") && msg.contains("device lost"),
             "{msg}"
+        );
+    }
+
+    /// A device state holding every layer: copies on the device, downloads whole layers.
+    #[derive(Debug)]
+    struct Whole(f32);
+
+    impl DeviceState for Whole {
+        fn duplicate(&self, _: usize) -> Result<Box<dyn DeviceState>> {
+            Ok(Box::new(Whole(self.0)))
+        }
+        fn holds_every_layer(&self) -> bool {
+            true
+        }
+        fn download(&self, layers: &mut [LayerState], _pos: usize) -> Result<()> {
+            for l in layers {
+                if let LayerState::Linear { conv, ssm } = l {
+                    *conv = vec![self.0; 2];
+                    *ssm = vec![self.0; 4];
+                }
+            }
+            Ok(())
+        }
+        fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+            self
+        }
+    }
+
+    #[test]
+    fn a_clone_of_a_state_held_whole_elsewhere_skips_the_stale_host_copy() {
+        let mut s = SeqState {
+            pos: 3,
+            layers: vec![LayerState::Linear {
+                conv: vec![0.0; 2],
+                ssm: vec![0.0; 4],
+            }],
+            device: Some(Box::new(Whole(5.0))),
+        };
+        let mut c = s.clone();
+        assert!(c.device.is_some());
+        assert_eq!(
+            c.layers[0],
+            LayerState::Linear {
+                conv: vec![],
+                ssm: vec![]
+            }
+        );
+        c.sync_host().expect("downloads");
+        s.sync_host().expect("downloads");
+        assert_eq!(c, s);
+        assert_eq!(
+            c.layers[0],
+            LayerState::Linear {
+                conv: vec![5.0; 2],
+                ssm: vec![5.0; 4]
+            }
         );
     }
 }
