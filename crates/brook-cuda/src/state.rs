@@ -136,11 +136,15 @@ impl DeviceState for DeviceSeq {
     /// not written yet), into buffers of the same sizes.
     fn duplicate(&self, pos: usize) -> Result<Box<dyn DeviceState>> {
         self.gpu.bind()?;
+        let t0 = std::time::Instant::now();
         let kv_bytes = pos.min(self.context) * self.kv_row * 4;
         let mut layers = Vec::with_capacity(self.layers.len());
+        let alloc_s = std::cell::Cell::new(0.0);
         for l in &self.layers {
             let copy = |b: &DevBuf, used: usize| -> Result<DevBuf> {
+                let ta = std::time::Instant::now();
                 let n = self.gpu.alloc(b.bytes, "a copy of a sequence state")?;
+                alloc_s.set(alloc_s.get() + ta.elapsed().as_secs_f64());
                 if used > 0 {
                     self.gpu.copy_dd(n.ptr, b.ptr, used.min(b.bytes))?;
                 }
@@ -158,6 +162,12 @@ impl DeviceState for DeviceSeq {
             });
         }
         self.gpu.sync()?;
+        tracing::debug!(
+            pos,
+            ms = t0.elapsed().as_secs_f64() * 1e3,
+            alloc_ms = alloc_s.get() * 1e3,
+            "copied a GPU sequence state"
+        );
         Ok(Box::new(DeviceSeq {
             gpu: self.gpu.clone(),
             layers,

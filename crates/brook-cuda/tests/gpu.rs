@@ -575,13 +575,20 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
     }
 }
 
+/// A CUDA engine whose chunks of any length run the tiled prefill kernels (the one-token
+/// path for small chunks is tested on its own).
 fn cuda(model: &Arc<Model>, slots: Option<usize>, chunk: usize) -> CudaModel {
+    cuda_small(model, slots, chunk, 0)
+}
+
+fn cuda_small(model: &Arc<Model>, slots: Option<usize>, chunk: usize, small: usize) -> CudaModel {
     CudaModel::new(
         model.clone(),
         CudaOptions {
             expert_slots: slots,
             max_chunk: chunk,
             context: 256,
+            small_chunk: small,
             ..Default::default()
         },
     )
@@ -601,8 +608,9 @@ fn fixtures_logits_and_greedy_tokens_match_on_the_gpu() {
         let want_ref = model
             .forward(&mut model.new_state(), &tokens, Logits::All, None)
             .expect("reference");
-        for chunk in [256, 7] {
-            let mut g = cuda(&model, None, chunk);
+        // Chunks of 7 through the tiled kernels, then one token at a time (small chunks).
+        for (chunk, small) in [(256, 0), (7, 0), (7, brook_cuda::model::SMALL_CHUNK)] {
+            let mut g = cuda_small(&model, None, chunk, small);
             let mut st = model.new_state();
             let got = g
                 .forward(&mut st, &tokens, Logits::All)
@@ -610,7 +618,9 @@ fn fixtures_logits_and_greedy_tokens_match_on_the_gpu() {
                 .to_vec();
             let e_mlx = rel_l2(&got, &want_mlx);
             let e_ref = rel_l2(&got, &want_ref);
-            eprintln!("{name} chunk {chunk}: vs mlx-lm {e_mlx:.2e}, vs reference {e_ref:.2e}");
+            eprintln!(
+                "{name} chunk {chunk} (small {small}): vs mlx-lm {e_mlx:.2e}, vs reference {e_ref:.2e}"
+            );
             assert!(e_mlx < 1e-4, "{name}: {e_mlx}");
             assert!(e_ref < 2e-5, "{name}: {e_ref}");
         }

@@ -8,7 +8,7 @@ use crate::config::{LayerKind, ModelConfig};
 use crate::error::{Error, Result};
 
 /// One layer's carried state.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub enum LayerState {
     Linear {
         conv: Vec<f32>, // [K-1, conv_dim], oldest first
@@ -18,6 +18,37 @@ pub enum LayerState {
         keys: Vec<f32>,   // [pos, nkv, hd], after k_norm and RoPE
         values: Vec<f32>, // [pos, nkv, hd]
     },
+}
+
+impl Clone for LayerState {
+    fn clone(&self) -> Self {
+        match self {
+            LayerState::Linear { conv, ssm } => LayerState::Linear {
+                conv: conv.clone(),
+                ssm: ssm.clone(),
+            },
+            LayerState::Full { keys, values } => LayerState::Full {
+                keys: keys.clone(),
+                values: values.clone(),
+            },
+        }
+    }
+
+    /// Copies into this layer's vectors where it is the same kind of layer (no new memory
+    /// to fault in when they are large enough).
+    fn clone_from(&mut self, src: &Self) {
+        match (self, src) {
+            (LayerState::Linear { conv, ssm }, LayerState::Linear { conv: c, ssm: s }) => {
+                conv.clone_from(c);
+                ssm.clone_from(s);
+            }
+            (LayerState::Full { keys, values }, LayerState::Full { keys: k, values: v }) => {
+                keys.clone_from(k);
+                values.clone_from(v);
+            }
+            (me, _) => *me = src.clone(),
+        }
+    }
 }
 
 impl LayerState {
@@ -120,6 +151,18 @@ impl Clone for SeqState {
             layers,
             device,
         }
+    }
+
+    /// Copies `src` into this state's memory where both are held on the host: a restored or
+    /// retaken conversation snapshot then costs a copy, not fresh pages (183 ms for the 35B's
+    /// 60 MB of recurrent state on the 2-core development VM, 6 ms into pages in use).
+    fn clone_from(&mut self, src: &Self) {
+        if self.device.is_some() || src.device.is_some() {
+            *self = src.clone();
+            return;
+        }
+        self.pos = src.pos;
+        self.layers.clone_from(&src.layers);
     }
 }
 

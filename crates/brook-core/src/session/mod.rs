@@ -417,7 +417,7 @@ impl Session {
         }
         match self.snapshot.take() {
             Some(snap) if prompt.starts_with(&snap.text) => {
-                self.state = snap.state.clone();
+                self.state.clone_from(&snap.state);
                 self.fed.truncate(snap.fed);
                 self.text = snap.text.clone();
                 self.snapshot = Some(snap);
@@ -541,8 +541,14 @@ impl Session {
                 n = n.min(at - self.fed.len());
             }
             let (part, tail) = rest.split_at(n);
+            let t = Instant::now();
             self.llm
                 .forward_into(&mut self.state, part, Logits::Last, &mut self.logits)?;
+            tracing::debug!(
+                tokens = part.len(),
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "prefill call"
+            );
             self.fed.extend_from_slice(part);
             rest = tail;
             self.take_snapshot_if_due();
@@ -557,11 +563,27 @@ impl Session {
             .is_some_and(|(at, _)| *at == self.fed.len())
             && let Some((fed, text)) = self.snapshot_at.take()
         {
-            self.snapshot = Some(Snapshot {
-                state: self.state.clone(),
-                fed,
-                text,
-            });
+            let (t, at) = (Instant::now(), fed);
+            match &mut self.snapshot {
+                // The snapshot it replaces lends its memory.
+                Some(snap) => {
+                    snap.state.clone_from(&self.state);
+                    snap.fed = fed;
+                    snap.text = text;
+                }
+                None => {
+                    self.snapshot = Some(Snapshot {
+                        state: self.state.clone(),
+                        fed,
+                        text,
+                    })
+                }
+            }
+            tracing::debug!(
+                at,
+                ms = t.elapsed().as_secs_f64() * 1e3,
+                "conversation snapshot"
+            );
         }
     }
 }
