@@ -16,6 +16,7 @@ pub mod experts;
 pub mod linear;
 pub mod model;
 pub mod quant;
+pub mod routing;
 pub mod safetensors;
 pub mod session;
 pub mod store;

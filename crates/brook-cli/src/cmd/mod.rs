@@ -86,6 +86,10 @@ pub struct ModelArgs {
     /// only; on by default, see docs/bench/2026-11-30-to-12-02.md "Prefetch").
     #[arg(long)]
     pub no_prefetch: bool,
+    /// Which expert a full streaming cache gives up: `lru` (the least recently used) or `lfu`
+    /// (the least often used, then the least recent; brook's rule before 2026-12-03).
+    #[arg(long, default_value = "lru", value_parser = ["lru", "lfu"])]
+    pub cache_eviction: String,
     /// Compute backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]
     pub backend: String,
@@ -147,6 +151,7 @@ impl ModelArgs {
             context: self.context,
             prefill_chunk: self.prefill_chunk,
             prefetch: !self.no_prefetch,
+            eviction: self.cache_eviction.parse()?,
             fill_cache: self.fill_cache,
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,

@@ -1,7 +1,10 @@
 //! One global cache of expert slots shared by all layers, filled by concurrent direct reads.
 //!
-//! Eviction is least-frequently-used with use counts that survive eviction (an expert that was
-//! popular before stays valuable), ties broken by least recent use; experts held by a caller
+//! Eviction is least-recently-used by default ([`Eviction`]): on routing with the reuse
+//! published for real checkpoints it reads fewest of the policies tried, within 0.92-0.96 x
+//! Belady's optimum from a fifth of the experts cached (docs/bench/2026-12-03.md); the
+//! least-frequently-used rule it replaced (use counts that survive eviction) stays as an
+//! option. Experts held by a caller
 //! (the layer being computed) and slots being filled are pinned. All misses of a request are
 //! issued at once to a pool of I/O threads; [`ExpertData::wait`] blocks on one slot, so the
 //! caller computes the shared expert and the hits while the misses land. The cache changes
@@ -27,7 +30,9 @@ use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView}
 /// Counters of the cache, cumulative since open. Take two snapshots to get a token's share.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
+    /// Experts a request found in memory (see [`CacheStats::hit_rate`]).
     pub hits: u64,
+    /// Experts a request had to read.
     pub misses: u64,
     /// Experts read from disk (misses plus prefetches).
     pub reads: u64,
@@ -61,7 +66,9 @@ impl CacheStats {
         }
     }
 
-    /// Hits / (hits + misses).
+    /// The demand hit rate: experts found in memory when a request asked for them (brought by
+    /// a prefetch or an earlier request; one still being read counts, as it needs no new
+    /// read) / experts asked for. Prefetches are neither hits nor misses.
     pub fn hit_rate(&self) -> f64 {
         let n = self.hits + self.misses;
         if n == 0 {
@@ -77,6 +84,30 @@ impl CacheStats {
             0.0
         } else {
             self.bytes_read as f64 / self.read_busy_ns as f64
+        }
+    }
+}
+
+/// Which unpinned expert a full cache gives up for a new one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Eviction {
+    /// The least recently used.
+    #[default]
+    Lru,
+    /// The least often used since open (counts survive eviction), then the least recent.
+    Lfu,
+}
+
+impl std::str::FromStr for Eviction {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "lru" => Ok(Eviction::Lru),
+            "lfu" => Ok(Eviction::Lfu),
+            _ => Err(Error::Invalid(format!(
+                "unknown cache eviction {s:?}: use lru or lfu"
+            ))),
         }
     }
 }
@@ -106,6 +137,7 @@ struct State {
     slots: Vec<SlotMeta>,
     /// [layer][expert] use counts; they survive eviction.
     counts: Vec<Vec<u32>>,
+    eviction: Eviction,
     tick: u64,
     queue: VecDeque<(usize, usize, usize)>, // (slot, layer, expert)
     in_flight: usize,
@@ -182,6 +214,7 @@ impl ExpertCache {
                 })
                 .collect(),
             counts: vec![vec![0; num_experts]; layers],
+            eviction: Eviction::default(),
             tick: 0,
             queue: VecDeque::new(),
             in_flight: 0,
@@ -229,6 +262,15 @@ impl ExpertCache {
             .store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
+    /// Sets the eviction rule (call it before the first fetch).
+    pub fn set_eviction(&self, eviction: Eviction) {
+        let mut st = self.shared.lock();
+        st.eviction = eviction;
+        if let Some(g) = &mut st.growth {
+            g.set_eviction(eviction);
+        }
+    }
+
     /// Slots in use now.
     pub fn slots(&self) -> usize {
         self.shared.lock().active
@@ -248,7 +290,9 @@ impl ExpertCache {
         let (layers, experts) = (st.map.len(), self.num_experts);
         st.active = start.max(1);
         st.grow_to = st.active;
-        st.growth = Some(Growth::new(st.active, total, layers, experts, per_token));
+        let mut g = Growth::new(st.active, total, layers, experts, per_token);
+        g.set_eviction(st.eviction);
+        st.growth = Some(g);
     }
 
     /// Whether reads bypass the page cache.
@@ -257,7 +301,7 @@ impl ExpertCache {
     }
 
     /// Picks a slot in use for a new expert: empty first, else the unpinned ready slot with
-    /// the lowest (use count, last use).
+    /// the lowest (use count under LFU, last use).
     fn victim(st: &State) -> Option<usize> {
         let mut best: Option<(u32, u64, usize)> = None;
         for (i, s) in st.slots[..st.active].iter().enumerate() {
@@ -265,7 +309,11 @@ impl ExpertCache {
                 Status::Empty | Status::Failed(_) if s.pins == 0 => return Some(i),
                 Status::Ready if s.pins == 0 => {
                     let (l, e) = s.owner.unwrap_or((0, 0));
-                    let key = (st.counts[l][e], s.last_use, i);
+                    let count = match st.eviction {
+                        Eviction::Lru => 0,
+                        Eviction::Lfu => st.counts[l][e],
+                    };
+                    let key = (count, s.last_use, i);
                     if best.is_none_or(|b| key < b) {
                         best = Some(key);
                     }

@@ -24,6 +24,12 @@ pub(crate) struct Growth {
 }
 
 impl Growth {
+    /// The shadows evict as the cache does.
+    pub(crate) fn set_eviction(&mut self, e: crate::experts::cache::Eviction) {
+        self.small.lfu = e == crate::experts::cache::Eviction::Lfu;
+        self.large.lfu = self.small.lfu;
+    }
+
     /// Shadows of `small` and `large` slots over `layers` x `experts`; a token requests
     /// `per_token` experts.
     pub(crate) fn new(
@@ -75,11 +81,12 @@ impl Growth {
 }
 
 /// The experts a cache of `size` slots would hold after the requests it was shown, under the
-/// cache's eviction (lowest use count, then least recent use; a request never evicts its own
-/// experts). It holds no expert data.
+/// cache's eviction (least recent use, or lowest use count then least recent use; a request
+/// never evicts its own experts). It holds no expert data.
 #[derive(Debug)]
 struct Shadow {
     size: usize,
+    lfu: bool,
     /// (layer, expert, last use) of each held expert.
     held: Vec<(u32, u32, u64)>,
     /// [layer][expert] → index into `held`, or `u32::MAX`.
@@ -90,6 +97,7 @@ impl Shadow {
     fn new(size: usize, layers: usize, experts: usize) -> Self {
         Shadow {
             size,
+            lfu: false,
             held: Vec::with_capacity(size),
             at: vec![vec![u32::MAX; experts]; layers],
         }
@@ -118,7 +126,14 @@ impl Shadow {
                     .iter()
                     .enumerate()
                     .filter(|(_, h)| h.2 != tick)
-                    .min_by_key(|(i, h)| (counts[h.0 as usize][h.1 as usize], h.2, *i))
+                    .min_by_key(|(i, h)| {
+                        let c = if self.lfu {
+                            counts[h.0 as usize][h.1 as usize]
+                        } else {
+                            0
+                        };
+                        (c, h.2, *i)
+                    })
                     .map(|(i, _)| i);
                 let Some(v) = victim else {
                     continue; // a request larger than the shadow: read, not kept
@@ -166,6 +181,7 @@ mod tests {
     fn a_shadow_reads_what_an_lfu_cache_of_its_size_would() {
         let mut r = Replay::new(16);
         let mut s = Shadow::new(4, 1, 16);
+        s.lfu = true;
         // A working set that fits is read once.
         let mut reads = 0;
         for i in 0..30 {

@@ -1,4 +1,4 @@
-//! Streaming routed experts from the SSD: the expert files (direct reads), the contracts the model and the engines consume (`source`), the cache (slots, LFU,
+//! Streaming routed experts from the SSD: the expert files (direct reads), the contracts the model and the engines consume (`source`), the cache (slots, eviction,
 //! I/O threads), when the cache grows, and the memory budget that sizes it.
 
 pub mod budget;
@@ -8,4 +8,4 @@ pub mod grow;
 mod slots;
 pub mod source;
 
-pub use cache::{CacheStats, ExpertCache};
+pub use cache::{CacheStats, Eviction, ExpertCache};

@@ -42,6 +42,8 @@ pub struct OpenOptions {
     /// router on the stream leaving this layer) while its mixer computes (docs/bench/2026-11-30-to-12-02.md,
     /// "Prefetch": on by default, it measured faster).
     pub prefetch: bool,
+    /// Which expert a full streaming cache gives up ([`crate::experts::Eviction`]).
+    pub eviction: crate::experts::Eviction,
     /// Which forward pass runs.
     pub backend: Backend,
     /// Compute threads of the CPU backend (default: every core).
@@ -77,6 +79,7 @@ impl Default for OpenOptions {
             prefill_chunk: PREFILL_CHUNK,
             io_threads: 8,
             prefetch: true,
+            eviction: crate::experts::Eviction::default(),
             backend: Backend::Cpu,
             threads: None,
             precision: Default::default(),
@@ -230,6 +233,7 @@ impl Model {
                 slots,
                 opts.io_threads,
             );
+            cache.set_eviction(opts.eviction);
             let k = cfg.num_experts_per_tok;
             if !opts.fill_cache && opts.expert_cache.is_none() {
                 let start = (k * cfg.num_hidden_layers).max(cfg.num_experts + k);

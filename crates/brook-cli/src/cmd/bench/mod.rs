@@ -76,7 +76,22 @@ pub struct Row {
     pub tg_tok_s_sd: f64,
     pub ttft_s: f64,
     pub peak_rss_bytes: u64,
+    /// The decode test's demand hit rate (the same figure as `demand_hit_rate`; kept for
+    /// scripts).
     pub hit_rate: f64,
+    /// Experts found in memory when a decoded token asked for them (whether a prefetch or an
+    /// earlier request brought them) / experts asked for.
+    #[serde(default)]
+    pub demand_hit_rate: f64,
+    /// Experts read ahead by the prefetch during the decode test, and how many of those a
+    /// token then asked for.
+    #[serde(default)]
+    pub prefetch_reads: u64,
+    #[serde(default)]
+    pub prefetch_used: u64,
+    /// `--cache-eviction` of the run.
+    #[serde(default)]
+    pub eviction: String,
     pub bytes_read_per_token: f64,
     /// Achieved read bandwidth while reads were in flight during decode.
     pub disk_gb_s: f64,
@@ -226,6 +241,7 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     if a.model.no_prefetch {
         cmd.arg("--no-prefetch");
     }
+    cmd.args(["--cache-eviction", &a.model.cache_eviction]);
     if a.model.fill_cache {
         cmd.arg("--fill-cache");
     }
@@ -478,6 +494,10 @@ fn run_one(a: &Args) -> Result<Row> {
         ttft_s: mean_sd(&ttft).0,
         peak_rss_bytes: peak,
         hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
+        demand_hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
+        prefetch_reads: delta.map_or(0, |d| d.prefetches),
+        prefetch_used: delta.map_or(0, |d| d.prefetch_hits),
+        eviction: a.model.cache_eviction.clone(),
         bytes_read_per_token,
         disk_gb_s: delta.map_or(0.0, |d| d.read_gb_s()),
         disk_bw_gb_s: disk_bw / 1e9,
