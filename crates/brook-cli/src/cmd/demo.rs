@@ -75,7 +75,7 @@ pub fn run(a: Args) -> Result<()> {
         context: 4096,
         prefill_chunk: brook_core::model::open::PREFILL_CHUNK,
         no_prefetch: false,
-        cache_eviction: "lru".into(),
+        cache_eviction: "auto".into(),
         backend: "cpu".into(),
         gpu_memory_budget: None,
         threads: a.threads.into_iter().collect(),

@@ -12,6 +12,7 @@ pub mod rm;
 pub mod serve;
 pub mod synth;
 pub mod tokenize;
+pub mod trace;
 pub mod verify;
 
 use anyhow::Result;
@@ -86,9 +87,10 @@ pub struct ModelArgs {
     /// only; on by default, see docs/bench/2026-11-30-to-12-02.md "Prefetch").
     #[arg(long)]
     pub no_prefetch: bool,
-    /// Which expert a full streaming cache gives up: `lru` (the least recently used) or `lfu`
-    /// (the least often used, then the least recent; brook's rule before 2026-12-03).
-    #[arg(long, default_value = "lru", value_parser = ["lru", "lfu"])]
+    /// Which expert a full streaming cache gives up: `lru` (the least recently used), `lfu`
+    /// (the least often used, then the least recent; brook's rule before 2026-12-03) or
+    /// `auto` (LRU when the cache holds at least one token's experts, else LFU).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "lru", "lfu"])]
     pub cache_eviction: String,
     /// Compute backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]
@@ -151,7 +153,10 @@ impl ModelArgs {
             context: self.context,
             prefill_chunk: self.prefill_chunk,
             prefetch: !self.no_prefetch,
-            eviction: self.cache_eviction.parse()?,
+            eviction: match self.cache_eviction.as_str() {
+                "auto" => None,
+                e => Some(e.parse()?),
+            },
             fill_cache: self.fill_cache,
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,

@@ -42,8 +42,11 @@ pub struct OpenOptions {
     /// router on the stream leaving this layer) while its mixer computes (docs/bench/2026-11-30-to-12-02.md,
     /// "Prefetch": on by default, it measured faster).
     pub prefetch: bool,
-    /// Which expert a full streaming cache gives up ([`crate::experts::Eviction`]).
-    pub eviction: crate::experts::Eviction,
+    /// Which expert a full streaming cache gives up ([`crate::experts::Eviction`]); `None`
+    /// picks: LRU when the slots hold at least one token's experts (top-k x layers), else
+    /// LFU (under LRU a cache smaller than one token's requests evicts each expert just
+    /// before it is asked for again and hits nothing; docs/bench/2026-12-03.md).
+    pub eviction: Option<crate::experts::Eviction>,
     /// Which forward pass runs.
     pub backend: Backend,
     /// Compute threads of the CPU backend (default: every core).
@@ -79,7 +82,7 @@ impl Default for OpenOptions {
             prefill_chunk: PREFILL_CHUNK,
             io_threads: 8,
             prefetch: true,
-            eviction: crate::experts::Eviction::default(),
+            eviction: None,
             backend: Backend::Cpu,
             threads: None,
             precision: Default::default(),
@@ -233,8 +236,15 @@ impl Model {
                 slots,
                 opts.io_threads,
             );
-            cache.set_eviction(opts.eviction);
             let k = cfg.num_experts_per_tok;
+            cache.set_eviction(
+                opts.eviction
+                    .unwrap_or(if slots >= k * cfg.num_hidden_layers {
+                        crate::experts::Eviction::Lru
+                    } else {
+                        crate::experts::Eviction::Lfu
+                    }),
+            );
             if !opts.fill_cache && opts.expert_cache.is_none() {
                 let start = (k * cfg.num_hidden_layers).max(cfg.num_experts + k);
                 cache.grow_on_demand(start, k * cfg.num_hidden_layers);
