@@ -9,7 +9,10 @@ use brook_core::model::open::OpenOptions;
 use brook_core::routing::RoutingTrace;
 use brook_core::routing::replay::{Policy, hit_rate};
 use brook_core::routing::simulate::{SimParams, simulate};
+use brook_core::session::{GenOptions, Llm, Routes};
 use brook_core::synth::{SynthModel, preset_config};
+use brook_core::text::SamplingParams;
+use std::sync::{Arc, Mutex};
 
 /// A container of the tiny preset with `experts` experts, top-`k`.
 fn container(dir: &std::path::Path, experts: usize, k: usize) -> std::path::PathBuf {
@@ -105,4 +108,118 @@ fn the_cache_reaches_lru_and_most_of_beladys_optimum_on_realistic_traces() {
     let got = cache_hit_rate(&path, &trace, slots, None);
     eprintln!("{slots} slots (half a token's): cache {got:.3}, LRU {lru:.3}, LFU {lfu:.3}");
     assert!(got > lru && (got - lfu).abs() < 0.02, "{got} {lru} {lfu}");
+}
+
+/// A session on the container: greedy, past end-of-sequence ids.
+fn greedy(n: usize, routes: Routes) -> GenOptions {
+    GenOptions {
+        max_tokens: Some(n),
+        sampling: Some(SamplingParams {
+            temperature: 0.0,
+            ..Default::default()
+        }),
+        ignore_eos: true,
+        routes,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_recorded_routing_replays_to_the_same_tokens_and_a_simulated_one_reads_as_the_cache_model_says()
+{
+    let dir = tempfile::tempdir().expect("tmp");
+    let (experts, k) = (32, 4);
+    let path = container(dir.path(), experts, k);
+    let open = |slots: Option<usize>| {
+        let opts = OpenOptions {
+            expert_cache: slots,
+            prefetch: true,
+            io_threads: 2,
+            ..Default::default()
+        };
+        std::sync::Arc::new(Llm::open(&path, opts).expect("open"))
+    };
+    let llm = open(None);
+    let (layers, prompt) = (llm.model.cfg.num_hidden_layers, [3u32, 1, 4, 1, 5]);
+
+    // Record a greedy generation's routing, then replay it: the replayed experts are the
+    // router's, weighted by its probabilities, so every token comes out the same.
+    let rec = Arc::new(Mutex::new(RoutingTrace::new(layers, experts, k).expect("new")));
+    let want = llm
+        .session()
+        .generate(&prompt, &greedy(12, Routes::Record(rec.clone())), None, &mut |_| {})
+        .expect("record");
+    let trace = Arc::new(rec.lock().expect("lock").clone());
+    assert_eq!(trace.tokens(), 12, "one line per decoded token");
+    let plain = llm
+        .session()
+        .generate(&prompt, &greedy(12, Routes::Router), None, &mut |_| {})
+        .expect("plain");
+    assert_eq!(plain.tokens, want.tokens, "recording changes nothing");
+    let replay = Routes::Replay {
+        trace: trace.clone(),
+        start: 0,
+    };
+    let again = llm
+        .session()
+        .generate(&prompt, &greedy(12, replay), None, &mut |_| {})
+        .expect("replay");
+    assert_eq!(again.tokens, want.tokens);
+
+    // Another routing changes the tokens (the replay is not ignored).
+    let other = Arc::new(
+        simulate(layers, experts, k, 12, SimParams::WEAK, 5).expect("simulate"),
+    );
+    let moved = llm
+        .session()
+        .generate(
+            &prompt,
+            &greedy(12, Routes::Replay { trace: other, start: 0 }),
+            None,
+            &mut |_| {},
+        )
+        .expect("replay");
+    assert_ne!(moved.tokens, want.tokens);
+
+    // Streaming through a small cache: decode's demand hit rate on a simulated trace is what
+    // the offline model of the cache's rule gives (LRU from one token's worth of slots), up to
+    // the one prompt token the router routes.
+    let slots = layers * k * 2;
+    let sim = Arc::new(
+        simulate(layers, experts, k, 60, SimParams::REALISTIC, 9).expect("simulate"),
+    );
+    let llm = open(Some(slots));
+    let before = llm.model.experts.stats().expect("a cache");
+    let c = llm
+        .session()
+        .generate(
+            &[7],
+            &greedy(60, Routes::Replay { trace: sim.clone(), start: 0 }),
+            None,
+            &mut |_| {},
+        )
+        .expect("replay");
+    assert_eq!(c.tokens.len(), 60);
+    let got = llm.model.experts.stats().expect("cache").since(&before);
+    let lru = hit_rate(&sim, slots, Policy::Lru).expect("lru");
+    eprintln!("replayed decode: {:.3}, offline LRU {lru:.3}", got.hit_rate());
+    // The prompt's token prefetches from its router; no decoded token does.
+    assert!(got.prefetches <= (layers * k) as u64, "{} prefetches", got.prefetches);
+    assert!((got.hit_rate() - lru).abs() < 0.03, "{} vs {lru}", got.hit_rate());
+
+    // A trace of another shape (ids past the model's experts) is refused, naming the layer.
+    let wrong = Arc::new(
+        simulate(layers, experts * 4, k, 4, SimParams::preset("uniform").expect("p"), 1)
+            .expect("simulate"),
+    );
+    let err = llm
+        .session()
+        .generate(
+            &[7],
+            &greedy(4, Routes::Replay { trace: wrong, start: 0 }),
+            None,
+            &mut |_| {},
+        )
+        .expect_err("a wrong trace");
+    assert!(err.to_string().contains("distinct experts below 32"), "{err}");
 }

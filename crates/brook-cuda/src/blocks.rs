@@ -224,28 +224,42 @@ impl CudaModel {
             self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
             self.s.sg.ptr
         };
+        // A replayed routing's experts for this layer: [t][k] ids on the GPU and the host.
+        let given = self
+            .given
+            .as_ref()
+            .filter(|g| g.on && g.tokens == t)
+            .map(|g| (g.dev.ptr + (layer * t * k * 4) as u64, layer * t * k));
         let mut a = Args::new();
         a.arg(rlog)
             .arg(e as i32)
             .arg(k as i32)
-            .arg(cfg.norm_topk_prob as i32)
-            .arg(sel)
-            .arg(wts);
-        self.gpu.launch(
-            self.gpu.k.topk,
-            (t as u32, 1, 1),
-            32,
-            (e * 4) as u32,
-            &mut a,
-        )?;
+            .arg(cfg.norm_topk_prob as i32);
+        if let Some((ptr, _)) = given {
+            a.arg(ptr);
+        }
+        a.arg(sel).arg(wts);
+        let kernel = if given.is_some() {
+            self.gpu.k.topk_given
+        } else {
+            self.gpu.k.topk
+        };
+        self.gpu
+            .launch(kernel, (t as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
         let m = self.experts.mats[layer].clone();
         let tab = self.experts.table_of(layer);
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
         let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
         if t == 1 && !self.experts.resident {
             let mut ids = vec![0i32; k];
-            self.gpu.copy_out(sel, &mut ids)?;
-            self.syncs += 1;
+            match (given, &self.given) {
+                // Given experts are known here: no wait for the GPU's top-k.
+                (Some((_, at)), Some(g)) => ids.copy_from_slice(&g.ids[at..at + k]),
+                _ => {
+                    self.gpu.copy_out(sel, &mut ids)?;
+                    self.syncs += 1;
+                }
+            }
             let mut ids: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
             ids.sort_unstable();
             ids.dedup();
@@ -324,10 +338,21 @@ impl CudaModel {
             let batches: Vec<Vec<usize>> = if self.experts.resident {
                 vec![Vec::new()]
             } else {
-                let mut c = vec![0i32; e];
-                self.gpu.copy_out(counts, &mut c)?;
-                self.syncs += 1;
-                let needed: Vec<usize> = (0..e).filter(|&x| c[x] > 0).collect();
+                let needed: Vec<usize> = match (given, &self.given) {
+                    (Some((_, at)), Some(g)) => {
+                        let mut ids: Vec<usize> =
+                            g.ids[at..at + t * k].iter().map(|&x| x as usize).collect();
+                        ids.sort_unstable();
+                        ids.dedup();
+                        ids
+                    }
+                    _ => {
+                        let mut c = vec![0i32; e];
+                        self.gpu.copy_out(counts, &mut c)?;
+                        self.syncs += 1;
+                        (0..e).filter(|&x| c[x] > 0).collect()
+                    }
+                };
                 needed
                     .chunks(self.experts.nslots.max(1))
                     .map(|b| b.to_vec())

@@ -342,6 +342,7 @@ impl ChatRequest {
             template_kwargs: kwargs,
             cancel: None,
             ignore_eos: self.ignore_eos.unwrap_or(false),
+            routes: Default::default(),
         })
     }
 }

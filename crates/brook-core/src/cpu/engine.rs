@@ -18,7 +18,7 @@ use crate::cpu::kernels::qmatvec::check;
 use crate::cpu::state::Bf16Ssm;
 use crate::cpu::{CpuPool, Precision, SimdLevel};
 use crate::engine::driver::drive_own;
-use crate::engine::{Caps, Engine, ModelRef, Step, Trace};
+use crate::engine::{Caps, Engine, ModelRef, Routing, Step, Trace};
 use crate::error::{Error, Result};
 use crate::model::moe::Route;
 use crate::model::state::{LayerState, SeqState};
@@ -277,7 +277,13 @@ impl<'m> CpuModel<'m> {
     }
 
     /// One chunk: embeddings through the final norm, leaving [c, H] normed rows in `normed`.
-    fn chunk(&mut self, state: &mut SeqState, tokens: &[u32], trace: &mut Trace<'_>) -> Result<()> {
+    fn chunk(
+        &mut self,
+        state: &mut SeqState,
+        tokens: &[u32],
+        given: moe::Given<'_>,
+        trace: &mut Trace<'_>,
+    ) -> Result<()> {
         // A cheap handle (a reference copy or an Arc count), so `self`'s scratch stays free.
         let model_ref = self.model.clone();
         let model: &Model = &model_ref;
@@ -295,6 +301,7 @@ impl<'m> CpuModel<'m> {
             mix: &mut self.mix,
             moe: &mut self.moe,
             pos: state.pos,
+            given,
         };
         for (row, &tok) in pass.x.chunks_exact_mut(h).zip(tokens) {
             model.dense.embed_tokens.row(tok as usize, row)?;
@@ -372,6 +379,8 @@ struct Pass<'a> {
     moe: &'a mut MoeScratch,
     /// Position of the chunk's first token.
     pos: usize,
+    /// Routes given instead of the routers' (a replayed routing).
+    given: moe::Given<'a>,
 }
 
 impl Pass<'_> {
@@ -383,7 +392,10 @@ impl Pass<'_> {
         layer: &LayerWeights,
         mixer: MixerState<'_>,
     ) -> Result<()> {
-        if self.model.prefetch && self.x.len() == self.model.cfg.hidden_size {
+        // The prefetch guesses from the router, which a given routing overrides: its reads
+        // would be wasted there.
+        if self.model.prefetch && self.x.len() == self.model.cfg.hidden_size && self.given.is_none()
+        {
             self.prefetch(i, layer)?;
         }
         self.norm(&layer.input_layernorm);
@@ -401,6 +413,7 @@ impl Pass<'_> {
             self.normed,
             self.delta,
             self.moe,
+            self.given,
         )?;
         add(self.ex.level, self.delta, self.x);
         Ok(())
@@ -486,7 +499,7 @@ impl Engine for CpuModel<'_> {
         Caps {
             max_chunk: self.opts.max_chunk,
             max_seqs: 1,
-            given_routes: false,
+            given_routes: true,
             trace: true,
         }
     }
@@ -507,10 +520,16 @@ impl Engine for CpuModel<'_> {
 
     fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
         let Step {
-            seqs, mut trace, ..
+            seqs,
+            routing,
+            mut trace,
         } = step;
-        for s in seqs.iter_mut() {
-            self.chunk(s.state, s.tokens, &mut trace)?;
+        for (i, s) in seqs.iter_mut().enumerate() {
+            let given = match routing {
+                Routing::Given(g) => Some((g, i)),
+                Routing::Router => None,
+            };
+            self.chunk(s.state, s.tokens, given, &mut trace)?;
             self.head(s.tokens.len(), s.want, s.logits)?;
         }
         Ok(())

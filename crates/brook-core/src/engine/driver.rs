@@ -9,7 +9,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use crate::engine::{Engine, GpuStats, Routing, SeqStep, Step, Trace};
+use crate::engine::{Engine, GivenRoutes, GpuStats, Routing, SeqStep, Step, Trace};
 use crate::error::{Error, Result};
 use crate::model::state::SeqState;
 use crate::model::{Logits, Model, check_tokens};
@@ -125,15 +125,18 @@ impl<'m> Forward<'m> {
         self.forward_own(state, tokens, want, Routing::Router, trace)
     }
 
-    /// [`Forward::forward`] with the routed experts given (a routing trace replayed).
-    pub fn forward_routed(
+    /// [`Forward::forward_into`] with the routed experts given (a routing trace replayed) or
+    /// the router's, reporting intermediate values to `trace` (engines that can).
+    pub fn forward_with(
         &mut self,
         state: &mut SeqState,
         tokens: &[u32],
         want: Logits,
         routing: Routing<'_>,
-    ) -> Result<&[f32]> {
-        self.forward_own(state, tokens, want, routing, None)
+        trace: Trace<'_>,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        self.run(state, tokens, want, routing, trace, out)
     }
 
     /// A call whose logits land in the driver's own buffer.
@@ -277,9 +280,17 @@ pub fn drive(
             want,
             logits: &mut *out,
         }];
+        // Given routes are indexed from the call's first token; a step's from its own.
+        let shifted = Shifted {
+            routing,
+            by: i * chunk,
+        };
         let step = Step {
             seqs: &mut seqs,
-            routing,
+            routing: match routing {
+                Routing::Given(_) if i > 0 => Routing::Given(&shifted),
+                r => r,
+            },
             trace: match trace {
                 Some(ref mut f) => Some(&mut **f),
                 None => None,
@@ -294,6 +305,22 @@ pub fn drive(
         engine.model().count_step(engine.name());
     }
     Ok(n as u64)
+}
+
+/// Given routes seen from a later step of the same call: token `t` of the step is token
+/// `by + t` of the call.
+struct Shifted<'a> {
+    routing: Routing<'a>,
+    by: usize,
+}
+
+impl GivenRoutes for Shifted<'_> {
+    fn experts(&self, seq: usize, token: usize, layer: usize) -> Option<&[u32]> {
+        match self.routing {
+            Routing::Given(g) => g.experts(seq, self.by + token, layer),
+            Routing::Router => None,
+        }
+    }
 }
 
 /// One call through [`drive`] on an engine that keeps its own logits buffer (`buf` finds it):

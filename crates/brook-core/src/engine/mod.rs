@@ -47,8 +47,24 @@ pub struct SeqStep<'a> {
 /// choice: a recorded routing trace replayed.
 pub trait GivenRoutes: Sync {
     /// The experts of `token` (index within the sequence's step) in MoE layer `layer`, in
-    /// the router's order; `None` leaves that token to the router.
-    fn experts(&self, seq: usize, token: usize, layer: usize) -> Option<&[usize]>;
+    /// the router's order (exactly top-k distinct ids below the expert count; engines check);
+    /// `None` leaves that token to the router.
+    fn experts(&self, seq: usize, token: usize, layer: usize) -> Option<&[u32]>;
+}
+
+/// Checks given experts against the model's shape before an engine uses them.
+pub fn check_given(ids: &[u32], top_k: usize, num_experts: usize, layer: usize) -> Result<()> {
+    let ok = ids.len() == top_k
+        && ids.iter().enumerate().all(|(i, &e)| {
+            (e as usize) < num_experts && !ids[..i].contains(&e)
+        });
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::Invalid(format!(
+            "the given routing of layer {layer} is {ids:?}; the model needs {top_k} distinct experts below {num_experts}"
+        )))
+    }
 }
 
 /// Where a step's routed experts come from.

@@ -15,9 +15,10 @@ use crate::error::{Error, Result};
 
 mod persist;
 use crate::engine::driver::Counters;
-use crate::engine::{EngineStats, Forward, GpuStats};
-use crate::model::Logits;
+use crate::engine::{EngineStats, Forward, GivenRoutes, GpuStats, Routing};
 use crate::model::Model;
+use crate::model::{Logits, Stage};
+use crate::routing::RoutingTrace;
 use crate::model::open::OpenOptions;
 use crate::model::state::SeqState;
 use crate::text::{
@@ -81,6 +82,54 @@ pub struct GenOptions {
     /// Keep generating past the model's end-of-sequence ids (benchmarks, as llama-bench and
     /// vLLM's `ignore_eos` do); stop strings still apply.
     pub ignore_eos: bool,
+    /// Where decoded tokens' routed experts come from, or where they are recorded.
+    pub routes: Routes,
+}
+
+/// What a generation does with the routing of its decoded tokens (the prompt always routes
+/// with the model's routers).
+#[derive(Clone, Default)]
+pub enum Routes {
+    /// Each layer's router picks: the model as trained.
+    #[default]
+    Router,
+    /// Decoded token `i` uses the experts of the trace's token `(start + i) % len` in every
+    /// layer, weighted by the router's probabilities at those ids (a benchmark of streaming on
+    /// a recorded or simulated routing; the text is meaningless). Needs an engine that
+    /// replays (`cpu`, `cuda`).
+    Replay {
+        trace: Arc<RoutingTrace>,
+        start: usize,
+    },
+    /// Each decoded token's routing is appended to the trace (needs an engine that reports
+    /// its routes: `cpu`, `reference`).
+    Record(Arc<std::sync::Mutex<RoutingTrace>>),
+}
+
+impl std::fmt::Debug for Routes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Routes::Router => f.write_str("Router"),
+            Routes::Replay { trace, start } => write!(
+                f,
+                "Replay {{ tokens: {}, start: {start} }}",
+                trace.tokens()
+            ),
+            Routes::Record(_) => f.write_str("Record"),
+        }
+    }
+}
+
+/// One token of a trace, given to every layer of a one-token step.
+struct TraceToken<'a> {
+    trace: &'a RoutingTrace,
+    token: usize,
+}
+
+impl GivenRoutes for TraceToken<'_> {
+    fn experts(&self, _seq: usize, token: usize, layer: usize) -> Option<&[u32]> {
+        (token == 0).then(|| self.trace.experts(self.token, layer))
+    }
 }
 
 /// Why a generation ended.
@@ -177,6 +226,57 @@ impl Llm {
         out: &mut Vec<f32>,
     ) -> Result<()> {
         self.engine().forward_into(state, tokens, want, out)
+    }
+
+    /// One decoded token into `out`, its routing replayed or recorded as `routes` says
+    /// (`decoded`: tokens decoded before it in this generation).
+    fn decode_into(
+        &self,
+        state: &mut SeqState,
+        token: u32,
+        routes: &Routes,
+        decoded: usize,
+        out: &mut Vec<f32>,
+    ) -> Result<()> {
+        let tokens = std::slice::from_ref(&token);
+        match routes {
+            Routes::Router => self.forward_into(state, tokens, Logits::Last, out),
+            Routes::Replay { trace, start } => {
+                let given = TraceToken {
+                    trace,
+                    token: (start + decoded) % trace.tokens(),
+                };
+                self.engine().forward_with(
+                    state,
+                    tokens,
+                    Logits::Last,
+                    Routing::Given(&given),
+                    None,
+                    out,
+                )
+            }
+            Routes::Record(into) => {
+                let mut layers = vec![Vec::new(); self.model.cfg.num_hidden_layers];
+                let mut seen = |s: Stage<'_>| {
+                    if let Stage::Routes(l, r) = s
+                        && let (Some(slot), Some(route)) = (layers.get_mut(l), r.first())
+                    {
+                        *slot = route.experts.iter().map(|&e| e as u32).collect();
+                    }
+                };
+                self.engine().forward_with(
+                    state,
+                    tokens,
+                    Logits::Last,
+                    Routing::Router,
+                    Some(&mut seen),
+                    out,
+                )?;
+                into.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .push(&layers)
+            }
+        }
     }
 
     fn engine(&self) -> std::sync::MutexGuard<'_, Forward<'static>> {
@@ -495,7 +595,7 @@ impl Session {
                 break;
             }
             std::mem::swap(&mut logits, &mut self.logits);
-            self.feed(&[next], &cancel)?;
+            self.decode(next, &opts.routes, out.tokens.len() - 1)?;
             std::mem::swap(&mut logits, &mut self.logits);
         }
         self.logits = logits;
@@ -509,7 +609,7 @@ impl Session {
             && finish != FinishReason::Cancelled
             && self.fed.len() < context
         {
-            self.feed(&[last], &CancelToken::new())?;
+            self.decode(last, &opts.routes, out.tokens.len() - 1)?;
         }
         if finish == FinishReason::Stop && !out.tool_calls.is_empty() {
             finish = FinishReason::ToolCalls;
@@ -553,6 +653,19 @@ impl Session {
             rest = tail;
             self.take_snapshot_if_due();
         }
+        Ok(())
+    }
+
+    /// Runs one decoded token (see [`Routes`]); leaves its logits in `self.logits`.
+    fn decode(&mut self, token: u32, routes: &Routes, decoded: usize) -> Result<()> {
+        if matches!(routes, Routes::Router) {
+            return self.feed(&[token], &CancelToken::new());
+        }
+        self.take_snapshot_if_due();
+        self.llm
+            .decode_into(&mut self.state, token, routes, decoded, &mut self.logits)?;
+        self.fed.push(token);
+        self.take_snapshot_if_due();
         Ok(())
     }
 

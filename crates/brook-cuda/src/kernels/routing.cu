@@ -132,6 +132,26 @@ extern "C" __global__ void topk(const float* __restrict__ logits, int E, int K, 
     topk_write(t, K, norm, my_id, my_w, sel, wts);
 }
 
+// A replayed routing: token t uses the K experts given[t*K..] (a routing trace) instead of
+// its top-k, weighted by the router's probabilities at those ids and renormalised as the
+// top-k is. One warp per token.
+extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, int K, int norm,
+                                      const int* __restrict__ given, int* __restrict__ sel,
+                                      float* __restrict__ wts) {
+    PDL_SYNC();
+    int t = blockIdx.x, lane = threadIdx.x;
+    const float* l = logits + (long long)t * E;
+    float mx = -INFINITY;
+    for (int i = lane; i < E; i += 32) mx = fmaxf(mx, l[i]);
+    mx = warp_max(mx);
+    float s = 0.0f;
+    for (int i = lane; i < E; i += 32) s += expf(l[i] - mx);
+    s = warp_sum(s);
+    int id = lane < K ? given[t * K + lane] : 0;
+    float w = lane < K ? expf(l[id] - mx) / s : 0.0f;
+    topk_write(t, K, norm, id, w, sel, wts);
+}
+
 // Grouping of (token, k) pairs by expert for the grouped prefill kernels.
 extern "C" __global__ void moe_count(const int* __restrict__ sel, int n, int* __restrict__ counts) {
     PDL_SYNC();

@@ -11,7 +11,10 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use brook_core::experts::budget;
-use brook_core::session::{Event, GenOptions};
+use std::sync::Arc;
+
+use brook_core::routing::RoutingTrace;
+use brook_core::session::{Event, GenOptions, Routes};
 use brook_core::text::{SamplingParams, StreamOptions, TextStream};
 use serde::{Deserialize, Serialize};
 
@@ -47,6 +50,13 @@ pub struct Args {
     /// One JSON object per configuration instead of tables.
     #[arg(long)]
     json: bool,
+    /// Decode replays this routing trace (JSON Lines, docs/FORMAT.md; `brook trace` records
+    /// or simulates one): each decoded token uses the trace's experts in every layer instead
+    /// of the routers' picks, so reads, cache hits and speed are those of that routing. The
+    /// prompts route as usual; the generated text is meaningless. Prefetch is off while
+    /// replaying (it guesses from the routers).
+    #[arg(long, value_name = "FILE")]
+    routing_trace: Option<std::path::PathBuf>,
 }
 
 /// One configuration's results.
@@ -92,6 +102,11 @@ pub struct Row {
     /// `--cache-eviction` of the run.
     #[serde(default)]
     pub eviction: String,
+    /// The routing trace decode replayed (`--routing-trace`), and its tokens.
+    #[serde(default)]
+    pub routing_trace: Option<String>,
+    #[serde(default)]
+    pub routing_trace_tokens: usize,
     pub bytes_read_per_token: f64,
     /// Achieved read bandwidth while reads were in flight during decode.
     pub disk_gb_s: f64,
@@ -246,6 +261,9 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
         cmd.arg("--fill-cache");
     }
     cmd.args(["--precision", &a.model.precision]);
+    if let Some(t) = &a.routing_trace {
+        cmd.arg("--routing-trace").arg(t);
+    }
     let out = cmd.output().context("running a bench child")?;
     if !out.status.success() {
         anyhow::bail!(
@@ -325,10 +343,31 @@ fn run_one(a: &Args) -> Result<Row> {
         ignore_eos: true,
         ..Default::default()
     };
-    let run = |prompt: &[u32], n: usize, on_event: &mut dyn FnMut(Event)| {
+    let trace = a
+        .routing_trace
+        .as_ref()
+        .map(|f| {
+            RoutingTrace::read(
+                f,
+                cfg.num_hidden_layers,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+            )
+            .map(Arc::new)
+        })
+        .transpose()?;
+    if let (Some(t), Some(f), false) = (&trace, &a.routing_trace, a.json) {
+        eprintln!(
+            "decode replays the routing of {} ({} tokens): its text is meaningless",
+            f.display(),
+            t.tokens()
+        );
+    }
+    let run = |prompt: &[u32], n: usize, routes: Routes, on_event: &mut dyn FnMut(Event)| {
         let mut session = llm.session();
         let opts = GenOptions {
             max_tokens: Some(n),
+            routes,
             ..base.clone()
         };
         let mut text = llm
@@ -340,14 +379,14 @@ fn run_one(a: &Args) -> Result<Row> {
     // Warm-up: one short prefill and a few steps (not counted).
     {
         let p: Vec<u32> = (0..8).map(|_| token()).collect();
-        run(&p, 2, &mut |_| {})?;
+        run(&p, 2, Routes::Router, &mut |_| {})?;
     }
     let mut pp = Vec::new();
     let mut ttft = Vec::new();
     if a.n_prompt > 0 {
         for _ in 0..a.repetitions {
             let prompt: Vec<u32> = (0..a.n_prompt).map(|_| token()).collect();
-            let c = run(&prompt, 1, &mut |_| {})?;
+            let c = run(&prompt, 1, Routes::Router, &mut |_| {})?;
             ttft.push(c.usage.prefill_s);
             pp.push(a.n_prompt as f64 / c.usage.prefill_s.max(1e-9));
         }
@@ -360,12 +399,20 @@ fn run_one(a: &Args) -> Result<Row> {
     let mut steps = 0u64;
     let mut decode_cpu_s = 0.0;
     if a.n_gen > 0 {
-        for _ in 0..a.repetitions {
+        for rep in 0..a.repetitions {
             // The depth's tokens and the first token are the prompt (its prefill untimed).
             let prompt: Vec<u32> = (0..a.depth + 1).map(|_| token()).collect();
+            // A replayed trace runs on from where the last repetition left it.
+            let routes = match &trace {
+                Some(t) => Routes::Replay {
+                    trace: t.clone(),
+                    start: rep * a.n_gen,
+                },
+                None => Routes::Router,
+            };
             // CPU time from the first sampled token on (the prompt's prefill excluded).
             let mut cpu0 = None;
-            let c = run(&prompt, a.n_gen, &mut |e| {
+            let c = run(&prompt, a.n_gen, routes, &mut |e| {
                 if matches!(e, Event::Token(_)) {
                     cpu0.get_or_insert_with(budget::cpu_seconds);
                 }
@@ -477,7 +524,7 @@ fn run_one(a: &Args) -> Result<Row> {
         budget_bytes: opts.memory_budget,
         threads,
         precision: a.model.precision.clone(),
-        prefetch: model.prefetch,
+        prefetch: model.prefetch && trace.is_none(),
         expert_slots: model
             .experts
             .stats()
@@ -498,6 +545,11 @@ fn run_one(a: &Args) -> Result<Row> {
         prefetch_reads: delta.map_or(0, |d| d.prefetches),
         prefetch_used: delta.map_or(0, |d| d.prefetch_hits),
         eviction: a.model.cache_eviction.clone(),
+        routing_trace: a
+            .routing_trace
+            .as_ref()
+            .map(|f| f.display().to_string()),
+        routing_trace_tokens: trace.as_ref().map_or(0, |t| t.tokens()),
         bytes_read_per_token,
         disk_gb_s: delta.map_or(0.0, |d| d.read_gb_s()),
         disk_bw_gb_s: disk_bw / 1e9,

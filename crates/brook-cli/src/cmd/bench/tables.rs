@@ -7,10 +7,15 @@ use super::Row;
 
 /// The decode test's name as llama-bench writes it: tg128, or tg128 @ d4096 with a depth.
 fn tg_name(r: &Row) -> String {
-    if r.depth > 0 {
-        format!("tg{} @ d{}", r.n_gen, r.depth)
+    let replay = if r.routing_trace.is_some() {
+        " (trace)"
     } else {
-        format!("tg{}", r.n_gen)
+        ""
+    };
+    if r.depth > 0 {
+        format!("tg{} @ d{}{replay}", r.n_gen, r.depth)
+    } else {
+        format!("tg{}{replay}", r.n_gen)
     }
 }
 

@@ -17,7 +17,8 @@ use std::sync::Mutex;
 use crate::config::ModelConfig;
 use crate::cpu::SimdLevel;
 use crate::cpu::blocks::exec::{Exec, XScratch};
-use crate::cpu::kernels::ops::{route_top_k, swiglu_act};
+use crate::cpu::kernels::ops::{route_given, route_top_k, swiglu_act};
+use crate::engine::{GivenRoutes, check_given};
 use crate::cpu::kernels::pool::SharedMut;
 use crate::cpu::kernels::qmatvec::{XPrep, check, matvec_rows, qmatvec, warm};
 use crate::error::{Error, Result};
@@ -119,6 +120,10 @@ impl MoeScratch {
     }
 }
 
+/// Routes given for a block's tokens instead of the router's (a replayed routing), with the
+/// index of the sequence they belong to.
+pub type Given<'a> = Option<(&'a dyn GivenRoutes, usize)>;
+
 /// out [T, H] = MoE(x [T, H]) of `layer`; the routes are left in `s.sel` / `s.wts`.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
@@ -130,15 +135,41 @@ pub fn forward(
     x: &[f32],
     out: &mut [f32],
     s: &mut MoeScratch,
+    given: Given<'_>,
 ) -> Result<()> {
     let h = cfg.hidden_size;
     let t = x.len() / h;
     // A cache that cannot hold one token's k experts at once takes the batched path.
     if t == 1 && experts.capacity() >= s.k {
-        decode(ex, w, cfg, experts, layer, x, out, s)
+        decode(ex, w, cfg, experts, layer, x, out, s, given)
     } else {
-        chunk::prefill(ex, w, cfg, experts, layer, x, t, out, s)
+        chunk::prefill(ex, w, cfg, experts, layer, x, t, out, s, given)
     }
+}
+
+/// Token `ti`'s experts and weights into `s.sel` / `s.wts` from the router's logits in
+/// `s.router`: the given experts when there are, else the router's top-k.
+fn route(
+    s: &mut MoeScratch,
+    cfg: &ModelConfig,
+    layer: usize,
+    ti: usize,
+    given: Given<'_>,
+) -> Result<()> {
+    let (e_n, k) = (cfg.num_experts, s.k);
+    let p = &mut s.router[ti * e_n..(ti + 1) * e_n];
+    let (sel, wts) = (
+        &mut s.sel[ti * k..(ti + 1) * k],
+        &mut s.wts[ti * k..(ti + 1) * k],
+    );
+    match given.and_then(|(g, seq)| g.experts(seq, ti, layer)) {
+        Some(ids) => {
+            check_given(ids, k, e_n, layer)?;
+            route_given(p, cfg.norm_topk_prob, ids, sel, wts);
+        }
+        None => route_top_k(p, cfg.norm_topk_prob, sel, wts),
+    }
+    Ok(())
 }
 
 /// `--prefetch` for one token: `normed` is the residual stream entering `layer` (the embedding
@@ -177,6 +208,7 @@ fn decode(
     x: &[f32],
     out: &mut [f32],
     s: &mut MoeScratch,
+    given: Given<'_>,
 ) -> Result<()> {
     let (e_n, k, width, is) = (
         cfg.num_experts,
@@ -198,12 +230,7 @@ fn decode(
             (w.shared_expert_gate.view(), &mut s.sgate[..1]),
         ],
     )?;
-    route_top_k(
-        &mut s.router[..e_n],
-        cfg.norm_topk_prob,
-        &mut s.sel[..k],
-        &mut s.wts[..k],
-    );
+    route(s, cfg, layer, 0, given)?;
     s.handles.clear();
     experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
     if s.handles.len() != k {

@@ -309,6 +309,26 @@ pub fn route_top_k(p: &mut [f32], norm: bool, experts: &mut [usize], weights: &m
     }
 }
 
+/// The router's probabilities (softmax of the logits `p`, in place) at the given experts
+/// `ids`, renormalised when `norm` as [`route_top_k`] renormalises its picks: a replayed
+/// routing. `experts` and `weights` take `ids.len()` entries.
+pub fn route_given(
+    p: &mut [f32],
+    norm: bool,
+    ids: &[u32],
+    experts: &mut [usize],
+    weights: &mut [f32],
+) {
+    softmax(p);
+    for ((e, w), &id) in experts.iter_mut().zip(weights.iter_mut()).zip(ids) {
+        (*e, *w) = (id as usize, p[id as usize]);
+    }
+    if norm {
+        let sum: f32 = weights.iter().sum();
+        weights.iter_mut().for_each(|v| *v /= sum);
+    }
+}
+
 /// RoPE inverse frequencies θ^(−2j/rotary_dim), in f64 as the reference computes them.
 pub fn rope_inv_freq(cfg: &ModelConfig) -> Vec<f64> {
     (0..cfg.rotary_dim / 2)

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use super::MoeScratch;
 use crate::config::ModelConfig;
 use crate::cpu::blocks::exec::Exec;
-use crate::cpu::kernels::ops::{route_top_k, swiglu_act};
+use crate::cpu::kernels::ops::swiglu_act;
 use crate::cpu::kernels::pool::{Chunks, SharedMut};
 use crate::cpu::kernels::qmatmul::XBatch;
 use crate::error::{Error, Result};
@@ -44,6 +44,7 @@ pub(super) fn prefill(
     t: usize,
     out: &mut [f32],
     s: &mut MoeScratch,
+    given: super::Given<'_>,
 ) -> Result<()> {
     let (h, e_n, k) = (cfg.hidden_size, cfg.num_experts, s.k);
     let (i_w, is) = (
@@ -63,12 +64,7 @@ pub(super) fn prefill(
         ],
     )?;
     for ti in 0..t {
-        route_top_k(
-            &mut s.router[ti * e_n..(ti + 1) * e_n],
-            cfg.norm_topk_prob,
-            &mut s.sel[ti * k..(ti + 1) * k],
-            &mut s.wts[ti * k..(ti + 1) * k],
-        );
+        super::route(s, cfg, layer, ti, given)?;
     }
     // Shared expert first, into `ye`, scaled by its gate: out = γ_s · f_s(x).
     swiglu_act(ex.level, &mut s.hg[..t * is], &s.hu[..t * is]);
