@@ -367,3 +367,92 @@ fn bench_json_reports_one_row_per_budget() {
         "{err}"
     );
 }
+
+/// `brook trace` records a generation's routing and simulates one; `brook bench
+/// --routing-trace` replays it, and the cache then hits as that routing lets it.
+#[test]
+fn trace_records_and_bench_replays_a_routing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let c = mid_container(dir.path());
+    let rec = dir.path().join("rec.jsonl");
+    let out = brook()
+        .args(["trace", "--model"])
+        .arg(&c)
+        .args([
+            "--prompt-tokens",
+            "1,2,3",
+            "--max-tokens",
+            "20",
+            "--temperature",
+            "0",
+        ])
+        .arg("--out")
+        .arg(&rec)
+        .output()
+        .expect("run");
+    succeeded(&out);
+    let text = std::fs::read_to_string(&rec).expect("trace written");
+    assert_eq!(text.lines().count(), 20, "one line per decoded token");
+    for line in text.lines() {
+        let v: serde_json::Value = serde_json::from_str(line).expect("json");
+        let layers = v["layers"].as_array().expect("layers");
+        assert_eq!(layers.len(), 4);
+        assert!(layers.iter().all(|l| l.as_array().expect("ids").len() == 8));
+    }
+    let sim = dir.path().join("sim.jsonl");
+    let out = brook()
+        .args(["trace", "--model"])
+        .arg(&c)
+        .args(["--simulate", "strong", "--tokens", "48", "--out"])
+        .arg(&sim)
+        .output()
+        .expect("run");
+    succeeded(&out);
+    let bench = |trace: Option<&std::path::Path>| {
+        let mut cmd = brook();
+        cmd.args(["bench", "--model"]).arg(&c).args([
+            "--expert-cache",
+            "64",
+            "--no-prefetch",
+            "-p",
+            "0",
+            "-n",
+            "24",
+            "-r",
+            "2",
+            "--disk-secs",
+            "0",
+            "--json",
+        ]);
+        if let Some(t) = trace {
+            cmd.arg("--routing-trace").arg(t);
+        }
+        let out = cmd.output().expect("run");
+        succeeded(&out);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("row")
+    };
+    let (plain, replayed) = (bench(None), bench(Some(&sim)));
+    let hits = |r: &serde_json::Value| r["demand_hit_rate"].as_f64().expect("hits");
+    assert_eq!(replayed["routing_trace_tokens"].as_u64(), Some(48));
+    assert_eq!(replayed["prefetch"].as_bool(), Some(false));
+    // Random weights route almost uniformly (a quarter of the experts fit); the strong trace
+    // repeats most experts from one token to the next.
+    assert!(
+        hits(&replayed) > hits(&plain) + 0.2,
+        "{} vs {}",
+        hits(&replayed),
+        hits(&plain)
+    );
+    // A trace of another shape is refused, naming the line.
+    std::fs::write(&sim, "{\"layers\": [[1, 2]]}\n").expect("write");
+    let out = brook()
+        .args(["bench", "--model"])
+        .arg(&c)
+        .arg("--routing-trace")
+        .arg(&sim)
+        .output()
+        .expect("run");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 1: 1 layer lists"), "{err}");
+}

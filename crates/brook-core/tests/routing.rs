@@ -144,10 +144,17 @@ fn a_recorded_routing_replays_to_the_same_tokens_and_a_simulated_one_reads_as_th
 
     // Record a greedy generation's routing, then replay it: the replayed experts are the
     // router's, weighted by its probabilities, so every token comes out the same.
-    let rec = Arc::new(Mutex::new(RoutingTrace::new(layers, experts, k).expect("new")));
+    let rec = Arc::new(Mutex::new(
+        RoutingTrace::new(layers, experts, k).expect("new"),
+    ));
     let want = llm
         .session()
-        .generate(&prompt, &greedy(12, Routes::Record(rec.clone())), None, &mut |_| {})
+        .generate(
+            &prompt,
+            &greedy(12, Routes::Record(rec.clone())),
+            None,
+            &mut |_| {},
+        )
         .expect("record");
     let trace = Arc::new(rec.lock().expect("lock").clone());
     assert_eq!(trace.tokens(), 12, "one line per decoded token");
@@ -167,14 +174,18 @@ fn a_recorded_routing_replays_to_the_same_tokens_and_a_simulated_one_reads_as_th
     assert_eq!(again.tokens, want.tokens);
 
     // Another routing changes the tokens (the replay is not ignored).
-    let other = Arc::new(
-        simulate(layers, experts, k, 12, SimParams::WEAK, 5).expect("simulate"),
-    );
+    let other = Arc::new(simulate(layers, experts, k, 12, SimParams::WEAK, 5).expect("simulate"));
     let moved = llm
         .session()
         .generate(
             &prompt,
-            &greedy(12, Routes::Replay { trace: other, start: 0 }),
+            &greedy(
+                12,
+                Routes::Replay {
+                    trace: other,
+                    start: 0,
+                },
+            ),
             None,
             &mut |_| {},
         )
@@ -185,16 +196,21 @@ fn a_recorded_routing_replays_to_the_same_tokens_and_a_simulated_one_reads_as_th
     // the offline model of the cache's rule gives (LRU from one token's worth of slots), up to
     // the one prompt token the router routes.
     let slots = layers * k * 2;
-    let sim = Arc::new(
-        simulate(layers, experts, k, 60, SimParams::REALISTIC, 9).expect("simulate"),
-    );
+    let sim =
+        Arc::new(simulate(layers, experts, k, 60, SimParams::REALISTIC, 9).expect("simulate"));
     let llm = open(Some(slots));
     let before = llm.model.experts.stats().expect("a cache");
     let c = llm
         .session()
         .generate(
             &[7],
-            &greedy(60, Routes::Replay { trace: sim.clone(), start: 0 }),
+            &greedy(
+                60,
+                Routes::Replay {
+                    trace: sim.clone(),
+                    start: 0,
+                },
+            ),
             None,
             &mut |_| {},
         )
@@ -202,24 +218,51 @@ fn a_recorded_routing_replays_to_the_same_tokens_and_a_simulated_one_reads_as_th
     assert_eq!(c.tokens.len(), 60);
     let got = llm.model.experts.stats().expect("cache").since(&before);
     let lru = hit_rate(&sim, slots, Policy::Lru).expect("lru");
-    eprintln!("replayed decode: {:.3}, offline LRU {lru:.3}", got.hit_rate());
+    eprintln!(
+        "replayed decode: {:.3}, offline LRU {lru:.3}",
+        got.hit_rate()
+    );
     // The prompt's token prefetches from its router; no decoded token does.
-    assert!(got.prefetches <= (layers * k) as u64, "{} prefetches", got.prefetches);
-    assert!((got.hit_rate() - lru).abs() < 0.03, "{} vs {lru}", got.hit_rate());
+    assert!(
+        got.prefetches <= (layers * k) as u64,
+        "{} prefetches",
+        got.prefetches
+    );
+    assert!(
+        (got.hit_rate() - lru).abs() < 0.03,
+        "{} vs {lru}",
+        got.hit_rate()
+    );
 
     // A trace of another shape (ids past the model's experts) is refused, naming the layer.
     let wrong = Arc::new(
-        simulate(layers, experts * 4, k, 4, SimParams::preset("uniform").expect("p"), 1)
-            .expect("simulate"),
+        simulate(
+            layers,
+            experts * 4,
+            k,
+            4,
+            SimParams::preset("uniform").expect("p"),
+            1,
+        )
+        .expect("simulate"),
     );
     let err = llm
         .session()
         .generate(
             &[7],
-            &greedy(4, Routes::Replay { trace: wrong, start: 0 }),
+            &greedy(
+                4,
+                Routes::Replay {
+                    trace: wrong,
+                    start: 0,
+                },
+            ),
             None,
             &mut |_| {},
         )
         .expect_err("a wrong trace");
-    assert!(err.to_string().contains("distinct experts below 32"), "{err}");
+    assert!(
+        err.to_string().contains("distinct experts below 32"),
+        "{err}"
+    );
 }

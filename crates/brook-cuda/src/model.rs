@@ -320,7 +320,11 @@ impl CudaModel {
             return Ok(());
         };
         let cfg = self.model.cfg.clone();
-        let (layers, k, e) = (cfg.num_hidden_layers, cfg.num_experts_per_tok, cfg.num_experts);
+        let (layers, k, e) = (
+            cfg.num_hidden_layers,
+            cfg.num_experts_per_tok,
+            cfg.num_experts,
+        );
         if self.given.is_none() {
             let n = layers * self.opts.max_chunk * k;
             self.given = Some(GivenIds {
@@ -350,8 +354,7 @@ impl CudaModel {
         }
         if mixed {
             return Err(Error::Invalid(
-                "the cuda engine replays a routing for every token of a step or for none"
-                    .into(),
+                "the cuda engine replays a routing for every token of a step or for none".into(),
             ));
         }
         let bytes = given.ids.len() * 4;

@@ -872,3 +872,95 @@ fn sessions_with_backend_cuda_run_the_cuda_engine_and_no_other() {
     );
     assert_eq!(on_gpu, two_turns(&reference));
 }
+
+/// A routing trace's tokens from `at` on, given to a call's tokens in order.
+struct FromTrace<'a>(&'a brook_core::routing::RoutingTrace, usize);
+
+impl brook_core::engine::GivenRoutes for FromTrace<'_> {
+    fn experts(&self, _seq: usize, token: usize, layer: usize) -> Option<&[u32]> {
+        Some(self.0.experts(self.1 + token, layer))
+    }
+}
+
+/// `tokens` through `engine` with the trace's routes from `at`, in one call.
+fn replayed(
+    engine: &mut dyn brook_core::engine::Engine,
+    st: &mut brook_core::model::state::SeqState,
+    tokens: &[u32],
+    trace: &brook_core::routing::RoutingTrace,
+    at: usize,
+    want: Logits,
+) -> Vec<f32> {
+    use brook_core::engine::Routing;
+    use brook_core::engine::driver::{Call, drive};
+    let given = FromTrace(trace, at);
+    let call = Call {
+        state: st,
+        tokens,
+        want,
+        routing: Routing::Given(&given),
+        trace: None,
+        context: usize::MAX,
+    };
+    let mut out = Vec::new();
+    drive(engine, call, &mut out).expect("replayed step");
+    out
+}
+
+#[test]
+fn a_replayed_routing_gives_the_cpus_logits_on_the_gpu_resident_and_streamed() {
+    if gpu().is_none() {
+        return;
+    }
+    use brook_core::cpu::{CpuModel, CpuOptions};
+    use brook_core::routing::simulate::{SimParams, simulate};
+    for name in MODELS {
+        let model = Arc::new(Model::open(&fixture(name)).expect("open"));
+        let cfg = model.cfg.clone();
+        let (layers, e, k) = (
+            cfg.num_hidden_layers,
+            cfg.num_experts,
+            cfg.num_experts_per_tok,
+        );
+        let trace = simulate(layers, e, k, 24, SimParams::WEAK, 3).expect("simulate");
+        let tokens = Reference::open(name).ids("tokens");
+        // A 9-token chunk in steps of 4 (the driver shifts the given routes), then 6 tokens
+        // one at a time, all replayed.
+        let run = |engine: &mut dyn brook_core::engine::Engine| {
+            let mut st = model.new_state();
+            let mut out = replayed(engine, &mut st, &tokens[..9], &trace, 0, Logits::All);
+            for (i, &t) in tokens[..6].iter().enumerate() {
+                out.extend(replayed(engine, &mut st, &[t], &trace, 9 + i, Logits::Last));
+            }
+            out
+        };
+        let mut cpu = CpuModel::new_shared(
+            model.clone(),
+            CpuOptions {
+                max_chunk: 4,
+                ..Default::default()
+            },
+        )
+        .expect("cpu");
+        let want = run(&mut cpu);
+        for slots in [None, Some(k), Some(layers * k)] {
+            let mut g = cuda(&model, slots, 4);
+            let got = run(&mut g);
+            let err = rel_l2(&got, &want);
+            eprintln!("{name}, {slots:?} slots: replayed logits vs the CPU {err:.2e}");
+            assert!(err < 2e-5, "{name} {slots:?}: {err}");
+            if slots.is_some() {
+                let s = g.cache_stats();
+                assert!(s.misses > 0, "{name}: streamed experts were read");
+            }
+        }
+        // The router's own logits differ: the replay is not ignored.
+        let mut g = cuda(&model, None, 4);
+        let mut st = model.new_state();
+        let plain = g
+            .forward(&mut st, &tokens[..9], Logits::All)
+            .expect("plain")
+            .to_vec();
+        assert!(rel_l2(&plain, &want[..plain.len()]) > 1e-3, "{name}");
+    }
+}

@@ -55,9 +55,10 @@ pub trait GivenRoutes: Sync {
 /// Checks given experts against the model's shape before an engine uses them.
 pub fn check_given(ids: &[u32], top_k: usize, num_experts: usize, layer: usize) -> Result<()> {
     let ok = ids.len() == top_k
-        && ids.iter().enumerate().all(|(i, &e)| {
-            (e as usize) < num_experts && !ids[..i].contains(&e)
-        });
+        && ids
+            .iter()
+            .enumerate()
+            .all(|(i, &e)| (e as usize) < num_experts && !ids[..i].contains(&e));
     if ok {
         Ok(())
     } else {

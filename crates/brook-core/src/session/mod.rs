@@ -17,10 +17,10 @@ mod persist;
 use crate::engine::driver::Counters;
 use crate::engine::{EngineStats, Forward, GivenRoutes, GpuStats, Routing};
 use crate::model::Model;
-use crate::model::{Logits, Stage};
-use crate::routing::RoutingTrace;
 use crate::model::open::OpenOptions;
 use crate::model::state::SeqState;
+use crate::model::{Logits, Stage};
+use crate::routing::RoutingTrace;
 use crate::text::{
     ChatTemplate, GenerationConfig, Message, Sampler, SamplingParams, StopReason, StreamEvent,
     StreamOptions, TextStream, Tokenizer, ToolCall, ToolSchemas, prompt_opens_reasoning,
@@ -110,11 +110,9 @@ impl std::fmt::Debug for Routes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Routes::Router => f.write_str("Router"),
-            Routes::Replay { trace, start } => write!(
-                f,
-                "Replay {{ tokens: {}, start: {start} }}",
-                trace.tokens()
-            ),
+            Routes::Replay { trace, start } => {
+                write!(f, "Replay {{ tokens: {}, start: {start} }}", trace.tokens())
+            }
             Routes::Record(_) => f.write_str("Record"),
         }
     }
@@ -272,9 +270,7 @@ impl Llm {
                     Some(&mut seen),
                     out,
                 )?;
-                into.lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(&layers)
+                into.lock().unwrap_or_else(|p| p.into_inner()).push(&layers)
             }
         }
     }

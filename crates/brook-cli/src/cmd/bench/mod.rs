@@ -545,10 +545,7 @@ fn run_one(a: &Args) -> Result<Row> {
         prefetch_reads: delta.map_or(0, |d| d.prefetches),
         prefetch_used: delta.map_or(0, |d| d.prefetch_hits),
         eviction: a.model.cache_eviction.clone(),
-        routing_trace: a
-            .routing_trace
-            .as_ref()
-            .map(|f| f.display().to_string()),
+        routing_trace: a.routing_trace.as_ref().map(|f| f.display().to_string()),
         routing_trace_tokens: trace.as_ref().map_or(0, |t| t.tokens()),
         bytes_read_per_token,
         disk_gb_s: delta.map_or(0.0, |d| d.read_gb_s()),
