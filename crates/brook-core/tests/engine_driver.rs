@@ -117,10 +117,10 @@ fn the_context_limit_and_bad_tokens_are_refused_before_any_step() {
     assert_eq!(f.stats().steps, 0);
 }
 
-struct Fixed(Vec<usize>);
+struct Fixed(Vec<u32>);
 
 impl GivenRoutes for Fixed {
-    fn experts(&self, _seq: usize, _token: usize, _layer: usize) -> Option<&[usize]> {
+    fn experts(&self, _seq: usize, _token: usize, _layer: usize) -> Option<&[u32]> {
         Some(&self.0)
     }
 }
@@ -132,7 +132,14 @@ fn a_given_routing_is_refused_by_an_engine_that_cannot_replay() {
     let mut st = f.new_state(0);
     let routes = Fixed(vec![0, 1]);
     let e = f
-        .forward_routed(&mut st, &TOKENS, Logits::Last, Routing::Given(&routes))
+        .forward_with(
+            &mut st,
+            &TOKENS,
+            Logits::Last,
+            Routing::Given(&routes),
+            None,
+            &mut Vec::new(),
+        )
         .expect_err("no replay");
     assert!(e.to_string().contains("cannot replay"), "{e}");
 }
