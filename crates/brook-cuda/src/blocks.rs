@@ -224,18 +224,18 @@ impl CudaModel {
             self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
             self.s.sg.ptr
         };
-        // A replayed routing's experts for this layer: [t][k] ids on the GPU and the host.
+        // A replayed routing's experts for this layer: [t][k] ids on the GPU.
         let given = self
             .given
             .as_ref()
             .filter(|g| g.on && g.tokens == t)
-            .map(|g| (g.dev.ptr + (layer * t * k * 4) as u64, layer * t * k));
+            .map(|g| g.dev.ptr + (layer * t * k * 4) as u64);
         let mut a = Args::new();
         a.arg(rlog)
             .arg(e as i32)
             .arg(k as i32)
             .arg(cfg.norm_topk_prob as i32);
-        if let Some((ptr, _)) = given {
+        if let Some(ptr) = given {
             a.arg(ptr);
         }
         a.arg(sel).arg(wts);
@@ -251,15 +251,11 @@ impl CudaModel {
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
         let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
         if t == 1 && !self.experts.resident {
+            // Replayed routes too are read back from the GPU, as the router's would be, so a
+            // replay waits as a real routing does.
             let mut ids = vec![0i32; k];
-            match (given, &self.given) {
-                // Given experts are known here: no wait for the GPU's top-k.
-                (Some((_, at)), Some(g)) => ids.copy_from_slice(&g.ids[at..at + k]),
-                _ => {
-                    self.gpu.copy_out(sel, &mut ids)?;
-                    self.syncs += 1;
-                }
-            }
+            self.gpu.copy_out(sel, &mut ids)?;
+            self.syncs += 1;
             let mut ids: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
             ids.sort_unstable();
             ids.dedup();
@@ -338,21 +334,10 @@ impl CudaModel {
             let batches: Vec<Vec<usize>> = if self.experts.resident {
                 vec![Vec::new()]
             } else {
-                let needed: Vec<usize> = match (given, &self.given) {
-                    (Some((_, at)), Some(g)) => {
-                        let mut ids: Vec<usize> =
-                            g.ids[at..at + t * k].iter().map(|&x| x as usize).collect();
-                        ids.sort_unstable();
-                        ids.dedup();
-                        ids
-                    }
-                    _ => {
-                        let mut c = vec![0i32; e];
-                        self.gpu.copy_out(counts, &mut c)?;
-                        self.syncs += 1;
-                        (0..e).filter(|&x| c[x] > 0).collect()
-                    }
-                };
+                let mut c = vec![0i32; e];
+                self.gpu.copy_out(counts, &mut c)?;
+                self.syncs += 1;
+                let needed: Vec<usize> = (0..e).filter(|&x| c[x] > 0).collect();
                 needed
                     .chunks(self.experts.nslots.max(1))
                     .map(|b| b.to_vec())
