@@ -100,6 +100,15 @@ fn the_cache_reaches_lru_and_most_of_beladys_optimum_on_realistic_traces() {
     let lru = cache_hit_rate(&path, &trace, slots, Some(Eviction::Lru));
     assert!(lru > lfu, "LRU {lru} vs LFU {lfu}");
     assert!((lfu - hit_rate(&trace, slots, Policy::Lfu).expect("lfu")).abs() < 0.02);
+    // The learned reuse rule in the cache reads as its offline model does, and beats LRU at
+    // two tokens' worth of slots on realistic routing.
+    let slots = 2 * one_token;
+    let offline = hit_rate(&trace, slots, Policy::Reuse).expect("reuse");
+    let lru = hit_rate(&trace, slots, Policy::Lru).expect("lru");
+    let got = cache_hit_rate(&path, &trace, slots, Some(Eviction::Reuse));
+    eprintln!("{slots} slots: cache (reuse) {got:.3}, offline reuse {offline:.3}, LRU {lru:.3}");
+    assert!((got - offline).abs() < 0.02, "{got} vs {offline}");
+    assert!(got > lru + 0.03, "{got} vs LRU {lru}");
     // Below one token's experts LRU evicts each expert just before its layer asks again;
     // the default then takes LFU, which keeps some.
     let slots = one_token / 2;

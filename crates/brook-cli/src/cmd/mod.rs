@@ -88,9 +88,11 @@ pub struct ModelArgs {
     #[arg(long)]
     pub no_prefetch: bool,
     /// Which expert a full streaming cache gives up: `lru` (the least recently used), `lfu`
-    /// (the least often used, then the least recent; brook's rule before 2026-12-03) or
-    /// `auto` (LRU when the cache holds at least one token's experts, else LFU).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "lru", "lfu"])]
+    /// (the least often used, then the least recent; brook's rule before 2026-12-03),
+    /// `reuse` (the least likely to be asked for at its layer's next turn, learned while
+    /// running) or `auto` (LFU below one token's experts, reuse up to four tokens' worth,
+    /// LRU above).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "lru", "lfu", "reuse"])]
     pub cache_eviction: String,
     /// Compute backend.
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "reference", "cuda"])]

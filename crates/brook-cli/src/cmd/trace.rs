@@ -48,7 +48,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
     /// Cache sizes (expert slots) to replay the trace through: the demand hit rate of
-    /// Belady's optimum, LRU (brook's cache) and LFU at each.
+    /// Belady's optimum, LRU (brook's cache), LFU and the learned-reuse rule at each.
     #[arg(long, value_delimiter = ',', value_name = "N,...")]
     compare: Vec<usize>,
 }
@@ -92,20 +92,24 @@ pub fn run(a: Args) -> Result<()> {
             .map_or(String::new(), |o| format!("; written to {}", o.display()))
     );
     if !a.compare.is_empty() {
-        println!("| slots | of all experts | Belady | LRU (brook) | LFU | LRU / Belady |");
-        println!("|---:|---:|---:|---:|---:|---:|");
+        println!(
+            "| slots | of all experts | Belady | LRU (brook) | LFU | reuse | LRU / Belady | reuse / Belady |"
+        );
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         for &n in &a.compare {
             let rate = |p| hit_rate(&trace, n, p).with_context(|| format!("--compare {n}"));
-            let (b, lru, lfu) = (
+            let (b, lru, lfu, reuse) = (
                 rate(Policy::Belady)?,
                 rate(Policy::Lru)?,
                 rate(Policy::Lfu)?,
+                rate(Policy::Reuse)?,
             );
+            let of_b = |x: f64| if b > 0.0 { x / b } else { 1.0 };
             println!(
-                "| {n} | {:.1}% | {:.3} | {lru:.3} | {lfu:.3} | {:.2} |",
+                "| {n} | {:.1}% | {b:.3} | {lru:.3} | {lfu:.3} | {reuse:.3} | {:.2} | {:.2} |",
                 100.0 * n as f64 / (layers * experts) as f64,
-                b,
-                if b > 0.0 { lru / b } else { 1.0 }
+                of_b(lru),
+                of_b(reuse)
             );
         }
     }

@@ -27,6 +27,7 @@ use crate::experts::files::ExpertFiles;
 use crate::experts::grow::{GROW_MIN_SAVING, GROW_WINDOW_TOKENS, Growth};
 use crate::experts::slots::SlotBufs;
 use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
+use crate::routing::replay::{REUSE_AGES, REUSE_CLASSES, Uses};
 
 /// Counters of the cache, cumulative since open. Take two snapshots to get a token's share.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -98,6 +99,10 @@ pub enum Eviction {
     Lru,
     /// The least often used since open (counts survive eviction), then the least recent.
     Lfu,
+    /// The least likely to be asked for at its layer's next turn, learned while running from
+    /// how each class of expert (turns since its last use, uses in the last 8 turns) came
+    /// back; ties go to the one whose layer's turn is furthest, then the least recent.
+    Reuse,
 }
 
 impl std::str::FromStr for Eviction {
@@ -106,8 +111,9 @@ impl std::str::FromStr for Eviction {
         match s {
             "lru" => Ok(Eviction::Lru),
             "lfu" => Ok(Eviction::Lfu),
+            "reuse" => Ok(Eviction::Reuse),
             _ => Err(Error::Invalid(format!(
-                "unknown cache eviction {s:?}: use lru or lfu"
+                "unknown cache eviction {s:?}: use lru, lfu or reuse"
             ))),
         }
     }
@@ -139,6 +145,9 @@ struct State {
     /// [layer][expert] use counts; they survive eviction.
     counts: Vec<Vec<u32>>,
     eviction: Eviction,
+    /// What [`Eviction::Reuse`] learns from (kept under every rule; it costs a pass over a
+    /// layer's experts a request).
+    reuse: ReuseModel,
     tick: u64,
     queue: VecDeque<(usize, usize, usize)>, // (slot, layer, expert)
     in_flight: usize,
@@ -152,6 +161,78 @@ struct State {
     /// `active..grow_to` into memory a batch at a time and puts each batch in use.
     grow_to: usize,
     grower: Option<std::thread::JoinHandle<()>>,
+}
+
+/// The learned likelihood of reuse behind [`Eviction::Reuse`]: each layer's turns (demand
+/// requests), each expert's uses, and for each class of expert (turns since its last use,
+/// uses in the last window) how often the layer's next turn asked for it.
+#[derive(Debug)]
+struct ReuseModel {
+    /// [layer] requests made so far: the index of the layer's next turn.
+    turns: Vec<usize>,
+    /// [layer][expert].
+    uses: Vec<Vec<Uses>>,
+    /// [class] (asked for, seen), from a prior of one in two.
+    table: Vec<(f64, f64)>,
+    /// The layer whose request is being served, if one is.
+    serving: Option<usize>,
+}
+
+impl ReuseModel {
+    fn new(layers: usize, experts: usize) -> Self {
+        ReuseModel {
+            turns: vec![0; layers],
+            uses: vec![vec![Uses::default(); experts]; layers],
+            table: vec![(1.0, 2.0); REUSE_CLASSES],
+            serving: None,
+        }
+    }
+
+    /// A request of `layer` for `ids` starts: learn how each class of the layer's experts
+    /// came back.
+    fn begin(&mut self, layer: usize, ids: &[usize]) {
+        let now = self.turns[layer];
+        for (e, u) in self.uses[layer].iter().enumerate() {
+            if let Some(c) = u.class_at(now)
+                && now - u.last.unwrap_or(now) < REUSE_AGES
+            {
+                let cell = &mut self.table[c];
+                cell.1 += 1.0;
+                if ids.contains(&e) {
+                    cell.0 += 1.0;
+                }
+            }
+        }
+        self.serving = Some(layer);
+    }
+
+    /// The request of `layer` for `ids` was served.
+    fn end(&mut self, layer: usize, ids: &[usize]) {
+        let now = self.turns[layer];
+        for &e in ids {
+            self.uses[layer][e].used(now);
+        }
+        self.turns[layer] += 1;
+        self.serving = None;
+    }
+
+    /// (likelihood that expert `e` of `layer` is asked for at the layer's next turn, how
+    /// near that turn is: lower is further).
+    fn score(&self, layer: usize, e: usize) -> (f64, usize) {
+        let n = self.turns.len();
+        let next = self.turns[layer] + usize::from(self.serving == Some(layer));
+        let p = self.uses[layer][e].class_at(next).map_or(0.0, |c| {
+            let (h, t) = self.table[c];
+            h / t
+        });
+        // Layers after the one being served come first, then those before it, then it.
+        let near = match self.serving {
+            Some(s) => (layer + n - s) % n,
+            None => 0,
+        };
+        let near = if near == 0 { n } else { near };
+        (p, n - near)
+    }
 }
 
 /// Slots the grower brings into memory before putting them in use (about 56 MB of the 35B's).
@@ -216,6 +297,7 @@ impl ExpertCache {
                 .collect(),
             counts: vec![vec![0; num_experts]; layers],
             eviction: Eviction::default(),
+            reuse: ReuseModel::new(layers, num_experts),
             tick: 0,
             queue: VecDeque::new(),
             in_flight: 0,
@@ -302,27 +384,33 @@ impl ExpertCache {
     }
 
     /// Picks a slot in use for a new expert: empty first, else the unpinned ready slot with
-    /// the lowest (use count under LFU, last use).
+    /// the lowest (use count under LFU or likelihood of reuse under Reuse, last use).
     fn victim(st: &State) -> Option<usize> {
-        let mut best: Option<(u32, u64, usize)> = None;
+        let mut best: Option<(f64, usize, u64, usize)> = None;
         for (i, s) in st.slots[..st.active].iter().enumerate() {
             match s.status {
                 Status::Empty | Status::Failed(_) if s.pins == 0 => return Some(i),
                 Status::Ready if s.pins == 0 => {
                     let (l, e) = s.owner.unwrap_or((0, 0));
-                    let count = match st.eviction {
-                        Eviction::Lru => 0,
-                        Eviction::Lfu => st.counts[l][e],
+                    let (score, far) = match st.eviction {
+                        Eviction::Lru => (0.0, 0),
+                        Eviction::Lfu => (st.counts[l][e] as f64, 0),
+                        Eviction::Reuse => st.reuse.score(l, e),
                     };
-                    let key = (count, s.last_use, i);
-                    if best.is_none_or(|b| key < b) {
+                    let key = (score, far, s.last_use, i);
+                    if best.is_none_or(|b| {
+                        key.0
+                            .total_cmp(&b.0)
+                            .then((key.1, key.2, key.3).cmp(&(b.1, b.2, b.3)))
+                            .is_lt()
+                    }) {
                         best = Some(key);
                     }
                 }
                 _ => {}
             }
         }
-        best.map(|b| b.2)
+        best.map(|b| b.3)
     }
 
     /// Assigns `slot` to (layer, e) and queues its read.
@@ -442,6 +530,7 @@ impl ExpertSource for ExpertCache {
         }
         st.tick += 1;
         let tick = st.tick;
+        st.reuse.begin(layer, ids);
         // Hits are pinned before any miss picks a victim, so a request never evicts one of
         // its own experts (e.g. one a prefetch brought in).
         let mut slots: Vec<Option<usize>> = Vec::with_capacity(ids.len());
@@ -529,6 +618,7 @@ impl ExpertSource for ExpertCache {
             slots[i] = Some(slot);
             queued = true;
         }
+        st.reuse.end(layer, ids);
         let handles: Vec<ExpertHandle> = slots
             .into_iter()
             .flatten()

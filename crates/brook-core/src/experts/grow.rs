@@ -24,7 +24,8 @@ pub(crate) struct Growth {
 }
 
 impl Growth {
-    /// The shadows evict as the cache does.
+    /// The shadows evict as the cache does (LRU standing in for the learned reuse rule, which
+    /// reads about as LRU does from four tokens' worth of slots up).
     pub(crate) fn set_eviction(&mut self, e: crate::experts::cache::Eviction) {
         self.small.lfu = e == crate::experts::cache::Eviction::Lfu;
         self.large.lfu = self.small.lfu;

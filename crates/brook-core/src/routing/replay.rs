@@ -19,7 +19,18 @@ pub enum Policy {
     Belady,
     Lru,
     Lfu,
+    /// Evict the expert least likely to be asked for at its layer's next turn, the likelihood
+    /// learned online from the trace so far by how long ago the expert was last used and how
+    /// often in the last [`REUSE_WINDOW`] turns (ties: the one whose turn is furthest).
+    Reuse,
 }
+
+/// Turns of a layer over which [`Policy::Reuse`] counts an expert's uses.
+pub const REUSE_WINDOW: usize = 8;
+/// Ages (turns since last use) [`Policy::Reuse`] tells apart; older ones share a class.
+pub(crate) const REUSE_AGES: usize = 16;
+/// Classes of [`Uses::class_at`].
+pub(crate) const REUSE_CLASSES: usize = (REUSE_AGES + 1) * (REUSE_WINDOW + 1);
 
 /// Demand hit rate of `slots` slots under `policy` on `trace`: hits / picks.
 pub fn hit_rate(trace: &RoutingTrace, slots: usize, policy: Policy) -> Result<f64> {
@@ -32,6 +43,7 @@ pub fn hit_rate(trace: &RoutingTrace, slots: usize, policy: Policy) -> Result<f6
     let hits = match policy {
         Policy::Belady => belady(trace, slots),
         Policy::Lru | Policy::Lfu => ordered(trace, slots, policy == Policy::Lfu),
+        Policy::Reuse => reuse(trace, slots),
     };
     let picks = (trace.tokens() * trace.layers * trace.top_k).max(1);
     Ok(hits as f64 / picks as f64)
@@ -85,6 +97,120 @@ fn ordered(trace: &RoutingTrace, slots: usize, lfu: bool) -> u64 {
             m.1 = tick;
             held.insert(rank(*m, k));
             cached.insert(k, true);
+        }
+    }
+    hits
+}
+
+/// An expert's uses for [`Policy::Reuse`] (and the cache's `Eviction::Reuse`): the last turn
+/// of its layer it was asked for and a bit per earlier turn.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Uses {
+    /// Turn of the last use (`None`: never used).
+    pub(crate) last: Option<usize>,
+    /// Bit j: used at turn `last - j`.
+    mask: u32,
+}
+
+impl Uses {
+    /// The class (age, uses in the window) seen from turn `at` (after `last`), as an index
+    /// into a table of [`REUSE_CLASSES`]; `None` for an expert never used.
+    pub(crate) fn class_at(&self, at: usize) -> Option<usize> {
+        self.class(at).map(|(a, f)| a * (REUSE_WINDOW + 1) + f)
+    }
+
+    /// (age, uses in the window) seen from turn `at` (after `last`).
+    fn class(&self, at: usize) -> Option<(usize, usize)> {
+        let last = self.last?;
+        let age = at.saturating_sub(last).max(1);
+        let f = if age <= REUSE_WINDOW {
+            let keep = (1u64 << (REUSE_WINDOW - age + 1)) - 1;
+            (self.mask as u64 & keep).count_ones() as usize
+        } else {
+            0
+        };
+        Some((age.min(REUSE_AGES), f))
+    }
+
+    pub(crate) fn used(&mut self, at: usize) {
+        self.mask = match self.last {
+            Some(l) if at >= l && at - l < 32 => (self.mask << (at - l)) | 1,
+            _ => 1,
+        };
+        self.last = Some(at);
+    }
+}
+
+/// [`Policy::Reuse`]: the turn of a layer is the token index (decode asks each layer once a
+/// token).
+fn reuse(trace: &RoutingTrace, slots: usize) -> u64 {
+    let (e_n, layers) = (trace.num_experts, trace.layers);
+    let classes = (REUSE_AGES + 1) * (REUSE_WINDOW + 1);
+    // [class] (asked for at the turn, trials), with a prior of one in two.
+    let mut table = vec![(1.0f64, 2.0f64); classes];
+    let at = |c: (usize, usize)| c.0 * (REUSE_WINDOW + 1) + c.1;
+    let mut uses = vec![
+        Uses {
+            last: None,
+            mask: 0
+        };
+        layers * e_n
+    ];
+    let mut cached: Vec<usize> = Vec::with_capacity(slots);
+    let mut is_cached = vec![false; layers * e_n];
+    let mut hits = 0u64;
+    for t in 0..trace.tokens() {
+        for l in 0..layers {
+            let keys: Vec<usize> = trace
+                .experts(t, l)
+                .iter()
+                .map(|&e| l * e_n + e as usize)
+                .collect();
+            // Learn: how often each class of this layer's experts is asked for now.
+            for e in 0..e_n {
+                let k = l * e_n + e;
+                if let Some(c) = uses[k].class(t)
+                    && c.0 < REUSE_AGES
+                {
+                    let cell = &mut table[at(c)];
+                    cell.1 += 1.0;
+                    if keys.contains(&k) {
+                        cell.0 += 1.0;
+                    }
+                }
+            }
+            hits += keys.iter().filter(|&&k| is_cached[k]).count() as u64;
+            for &k in &keys {
+                if is_cached[k] {
+                    continue;
+                }
+                if cached.len() >= slots {
+                    // The least likely to be asked for at its layer's next turn.
+                    let score = |k: usize| {
+                        let kl = k / e_n;
+                        let next = if kl > l { t } else { t + 1 };
+                        let p = uses[k].class(next).map_or(0.0, |c| {
+                            let (h, n) = table[at(c)];
+                            h / n
+                        });
+                        let dist = (kl + layers - l) % layers;
+                        (p, layers - if dist == 0 { layers } else { dist })
+                    };
+                    let (i, _) = cached
+                        .iter()
+                        .enumerate()
+                        .filter(|&(_, k)| !keys.contains(k))
+                        .map(|(i, &k)| (i, score(k)))
+                        .min_by(|a, b| a.1.0.total_cmp(&b.1.0).then(a.1.1.cmp(&b.1.1)))
+                        .expect("slots >= top-k");
+                    is_cached[cached.swap_remove(i)] = false;
+                }
+                cached.push(k);
+                is_cached[k] = true;
+            }
+            for &k in &keys {
+                uses[k].used(t);
+            }
         }
     }
     hits
@@ -181,7 +307,7 @@ mod tests {
         let t = simulate(4, 32, 4, 200, SimParams::REALISTIC, 5).expect("sim");
         for slots in [4, 16, 40, 64] {
             let b = hit_rate(&t, slots, Policy::Belady).expect("b");
-            for p in [Policy::Lru, Policy::Lfu] {
+            for p in [Policy::Lru, Policy::Lfu, Policy::Reuse] {
                 let h = hit_rate(&t, slots, p).expect("p");
                 assert!(h <= b + 1e-12, "{p:?} {slots}: {h} > {b}");
             }
@@ -197,7 +323,7 @@ mod tests {
         }
         let picks = (t.tokens() * 4 * 4) as f64;
         let all = 1.0 - distinct.len() as f64 / picks;
-        for p in [Policy::Belady, Policy::Lru, Policy::Lfu] {
+        for p in [Policy::Belady, Policy::Lru, Policy::Lfu, Policy::Reuse] {
             assert!((hit_rate(&t, 128, p).expect("all") - all).abs() < 1e-12);
         }
     }
