@@ -1,11 +1,13 @@
 //! One global cache of expert slots shared by all layers, filled by concurrent direct reads.
 //!
-//! Eviction is least-recently-used ([`Eviction`]) when the slots hold at least one token's
-//! experts: on routing with the reuse published for real checkpoints it reads fewest of the
-//! rules tried, 0.91-0.98 x Belady's optimum from a fifth of the experts cached
-//! (docs/bench/2026-12-03.md). A smaller cache takes least-frequently-used (use counts that
-//! survive eviction; brook's only rule before), as LRU there evicts each expert just before
-//! its layer asks for it again. Experts held by a caller
+//! Eviction ([`Eviction`], `--cache-eviction`, auto by default): least-recently-used when the
+//! slots hold at least one token's experts (on routing with the reuse published for real
+//! checkpoints, 0.91-0.98 x Belady's optimum from a fifth of the experts cached,
+//! docs/bench/2026-12-03.md); below that least-frequently-used (use counts that survive
+//! eviction; brook's only rule before), as LRU there evicts each expert just before its layer
+//! asks for it again. `reuse`, a likelihood of reuse learned while running, is a choice: it
+//! hits more than LRU offline at two tokens' worth, but not reliably in the running cache
+//! yet (docs/bench/2026-12-04.md). Experts held by a caller
 //! (the layer being computed) and slots being filled are pinned. All misses of a request are
 //! issued at once to a pool of I/O threads; [`ExpertData::wait`] blocks on one slot, so the
 //! caller computes the shared expert and the hits while the misses land. The cache changes

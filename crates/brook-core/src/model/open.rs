@@ -285,18 +285,15 @@ impl crate::experts::source::ExpertSource for ResidentCache {
 }
 
 /// The eviction rule `--cache-eviction auto` takes for a cache of up to `slots` slots when a
-/// token asks for `per_token` experts (docs/bench/2026-12-04.md): below one token's worth
-/// least-frequently-used (LRU there evicts each expert just before its layer asks again);
-/// from one and a half to three tokens' worth the learned reuse rule (on realistic routing it
-/// hits 0.62 against LRU's 0.52 at two tokens' worth of the 35B; at one token's worth it
-/// reads as LRU does, or a little more); otherwise least-recently-used, which reads as
-/// little as any rule tried there.
+/// token asks for `per_token` experts: below one token's worth least-frequently-used (LRU
+/// there evicts each expert just before its layer asks again), otherwise least-recently-used.
+/// The learned reuse rule hits more than LRU offline from one and a half to three tokens'
+/// worth, but in the real cache it read less on the 35B and more on the 80B
+/// (docs/bench/2026-12-04.md), so it stays a choice (`--cache-eviction reuse`).
 pub fn auto_eviction(slots: usize, per_token: usize) -> crate::experts::Eviction {
     use crate::experts::Eviction;
     if slots < per_token {
         Eviction::Lfu
-    } else if 2 * slots >= 3 * per_token && slots < 3 * per_token {
-        Eviction::Reuse
     } else {
         Eviction::Lru
     }
