@@ -119,6 +119,11 @@ pub fn run(a: Args) -> Result<()> {
 /// Generates from `--prompt` or `--prompt-tokens`, recording each decoded token's routing into
 /// `empty`.
 fn record(a: &Args, empty: RoutingTrace) -> Result<RoutingTrace> {
+    if a.model.backend == "cuda" {
+        anyhow::bail!(
+            "recording a routing runs on --backend cpu or reference (the engines that report their routes); the trace then replays on any backend with `brook bench --routing-trace`"
+        );
+    }
     let llm = a.model.open()?;
     let trace = Arc::new(Mutex::new(empty));
     let mut opts = GenOptions {
