@@ -29,7 +29,7 @@ use crate::experts::files::ExpertFiles;
 use crate::experts::grow::{GROW_MIN_SAVING, GROW_WINDOW_TOKENS, Growth};
 use crate::experts::slots::SlotBufs;
 use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
-use crate::routing::replay::{REUSE_AGES, REUSE_CLASSES, Uses};
+use crate::routing::replay::{REUSE_CLASSES, Uses};
 
 /// Counters of the cache, cumulative since open. Take two snapshots to get a token's share.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -178,6 +178,11 @@ struct ReuseModel {
     table: Vec<(f64, f64)>,
     /// The layer whose request is being served, if one is.
     serving: Option<usize>,
+    /// Experts a one-token request asks for (top-k; 0: unknown). Only requests of at most
+    /// that many teach the table: a prefill turn asks for many experts that no decoded
+    /// token wanted, and learning from a 512-expert warm-up made the rule evict the experts
+    /// about to return (docs/bench/2026-12-04.md).
+    top_k: usize,
 }
 
 impl ReuseModel {
@@ -187,17 +192,22 @@ impl ReuseModel {
             uses: vec![vec![Uses::default(); experts]; layers],
             table: vec![(1.0, 2.0); REUSE_CLASSES],
             serving: None,
+            top_k: 0,
         }
     }
 
     /// A request of `layer` for `ids` starts: learn how each class of the layer's experts
     /// came back.
     fn begin(&mut self, layer: usize, ids: &[usize]) {
+        self.serving = Some(layer);
+        if self.top_k > 0 && ids.len() > self.top_k {
+            return;
+        }
         let now = self.turns[layer];
         for (e, u) in self.uses[layer].iter().enumerate() {
-            if let Some(c) = u.class_at(now)
-                && now - u.last.unwrap_or(now) < REUSE_AGES
-            {
+            // Every expert seen, the long unused ones too (they share the oldest class): a
+            // class never learned would keep its prior of one in two and its experts forever.
+            if let Some(c) = u.class_at(now) {
                 let cell = &mut self.table[c];
                 cell.1 += 1.0;
                 if ids.contains(&e) {
@@ -205,7 +215,6 @@ impl ReuseModel {
                 }
             }
         }
-        self.serving = Some(layer);
     }
 
     /// The request of `layer` for `ids` was served.
@@ -354,6 +363,12 @@ impl ExpertCache {
         if let Some(g) = &mut st.growth {
             g.set_eviction(eviction);
         }
+    }
+
+    /// Tells the reuse rule how many experts a decoded token asks of a layer (top-k), so
+    /// that it learns from decode requests only.
+    pub fn set_top_k(&self, k: usize) {
+        self.shared.lock().reuse.top_k = k;
     }
 
     /// Slots in use now.

@@ -241,6 +241,7 @@ impl Model {
                 opts.eviction
                     .unwrap_or_else(|| auto_eviction(slots, k * cfg.num_hidden_layers)),
             );
+            cache.set_top_k(k);
             if !opts.fill_cache && opts.expert_cache.is_none() {
                 let start = (k * cfg.num_hidden_layers).max(cfg.num_experts + k);
                 cache.grow_on_demand(start, k * cfg.num_hidden_layers);

@@ -169,9 +169,7 @@ fn reuse(trace: &RoutingTrace, slots: usize) -> u64 {
             // Learn: how often each class of this layer's experts is asked for now.
             for e in 0..e_n {
                 let k = l * e_n + e;
-                if let Some(c) = uses[k].class(t)
-                    && c.0 < REUSE_AGES
-                {
+                if let Some(c) = uses[k].class(t) {
                     let cell = &mut table[at(c)];
                     cell.1 += 1.0;
                     if keys.contains(&k) {
