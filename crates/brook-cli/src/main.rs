@@ -91,6 +91,6 @@ fn exit_code(e: &anyhow::Error) -> u8 {
             | E::Checkpoint { .. },
         ) => 3,
         Some(E::Io { .. }) => 4,
-        Some(E::Device(_)) | None => 1,
+        Some(E::Device(_) | E::Stopped(_)) | None => 1,
     }
 }

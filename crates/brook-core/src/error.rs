@@ -73,6 +73,11 @@ pub enum Error {
     #[error("{0}")]
     Invalid(String),
 
+    /// A generation stopped before it produced anything: cancelled, or past its deadline,
+    /// while the prompt was still being read.
+    #[error("{0}")]
+    Stopped(String),
+
     /// A GPU that is missing, failed, or ran out of memory.
     #[error("GPU: {0}")]
     Device(String),

@@ -238,3 +238,34 @@ fn a_token_event_comes_for_every_generated_token() {
         .expect("generate");
     assert_eq!(seen, c.tokens);
 }
+
+#[test]
+fn a_deadline_stops_a_prefill_with_an_error_and_a_generation_with_length() {
+    let llm = llm();
+    let past = Some(std::time::Instant::now());
+    let mut s = llm.session();
+    let opts = GenOptions {
+        deadline: past,
+        ..greedy(20)
+    };
+    let e = s
+        .generate(&[1, 2, 3, 4], &opts, None, &mut |_| {})
+        .expect_err("prefill past its deadline");
+    assert!(matches!(e, brook_core::Error::Stopped(_)), "{e}");
+    assert!(e.to_string().contains("time limit"), "{e}");
+
+    // One prompt token is read whatever the deadline; decoding then stops before any token.
+    let mut s = llm.session();
+    let c = s.generate(&[1], &opts, None, &mut |_| {}).expect("generate");
+    assert_eq!(c.tokens.len(), 0);
+    assert_eq!(c.finish, Some(FinishReason::Length));
+
+    // A deadline far off changes nothing.
+    let far = GenOptions {
+        deadline: Some(std::time::Instant::now() + std::time::Duration::from_secs(3600)),
+        ..greedy(5)
+    };
+    let mut s = llm.session();
+    let c = s.generate(&[1, 2, 3], &far, None, &mut |_| {}).expect("generate");
+    assert_eq!(c.tokens.len(), 5);
+}

@@ -13,6 +13,7 @@ use std::convert::Infallible;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -27,9 +28,9 @@ use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
 use crate::request::{ChatRequest, parse_body};
-use crate::wire::{self, Chunker, Meta};
+use crate::App;
+use crate::wire::{self, Chunker};
 use crate::worker::{Out, Ticket, Work};
-use crate::{App, now};
 
 pub(crate) async fn chat_completions(
     State(app): State<Arc<App>>,
@@ -47,11 +48,15 @@ async fn chat(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let arrived = Instant::now();
     let req: ChatRequest = parse_body(&headers, body)?;
     app.check_model(req.model.as_deref())?;
     req.check()?;
-    let opts = req.options(app.llm.generation.sampling_params())?;
+    let mut opts = req.options(app.llm.generation.sampling_params())?;
+    app.limit(&mut opts, arrived);
     let mut messages = req.conversation();
+    // The place in the queue comes first, so rendering and tokenizing are bounded by it.
+    let reserved = app.queue.reserve().ok_or_else(|| app.busy())?;
     {
         let (llm, m, o) = (app.llm.clone(), messages.clone(), opts.clone());
         blocking(move || check_prompt(&llm, &m, &o)).await??;
@@ -63,12 +68,9 @@ async fn chat(
         history: messages,
         last,
     };
-    let ticket = app.queue.submit(work, opts).ok_or_else(|| app.busy())?;
-    let meta = Meta {
-        id: app.next_id("chatcmpl"),
-        created: now(),
-        model: app.config.model_id.clone(),
-    };
+    let client = crate::client_of(req.user.as_deref());
+    let ticket = app.queue.submit(reserved, client, work, opts);
+    let meta = app.meta("chatcmpl");
     if req.stream == Some(true) {
         let usage = req
             .stream_options
@@ -112,7 +114,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 ) -> ApiResult<T> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ApiError::internal(format!("a blocking task failed: {e}")))
+        .map_err(|e| ApiError::internal_logged(format!("a blocking task failed: {e}")))
 }
 
 /// Waits for the whole result. If the client goes away, hyper drops this future and the

@@ -6,6 +6,7 @@
 //! text: a raw completion is the model's plain output.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use axum::Json;
 use axum::body::Bytes;
@@ -18,9 +19,9 @@ use brook_core::session::Llm;
 use crate::chat::{blocking, check_length, collect, sse};
 use crate::error::{ApiError, ApiResult};
 use crate::request::{CompletionRequest, Prompt, parse_body};
-use crate::wire::{self, Chunker, Meta};
+use crate::App;
+use crate::wire::{self, Chunker};
 use crate::worker::Work;
-use crate::{App, now};
 
 pub(crate) async fn completions(
     State(app): State<Arc<App>>,
@@ -38,10 +39,14 @@ async fn complete(
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
+    let arrived = Instant::now();
     let req: CompletionRequest = parse_body(&headers, body)?;
     app.check_model(req.model.as_deref())?;
     req.check()?;
-    let opts = req.options(app.llm.generation.sampling_params())?;
+    let mut opts = req.options(app.llm.generation.sampling_params())?;
+    app.limit(&mut opts, arrived);
+    // The place in the queue comes first, so tokenizing is bounded by it.
+    let reserved = app.queue.reserve().ok_or_else(|| app.busy())?;
     let (llm, prompt) = (app.llm.clone(), req.prompt.clone());
     let (ids, text) = blocking(move || prompt_ids(&llm, prompt)).await??;
     check_length(ids.len(), app.llm.options.context)?;
@@ -50,15 +55,11 @@ async fn complete(
     } else {
         String::new()
     };
+    let client = crate::client_of(req.user.as_deref());
     let ticket = app
         .queue
-        .submit(Work::Raw { ids }, opts)
-        .ok_or_else(|| app.busy())?;
-    let meta = Meta {
-        id: app.next_id("cmpl"),
-        created: now(),
-        model: app.config.model_id.clone(),
-    };
+        .submit(reserved, client, Work::Raw { ids }, opts);
+    let meta = app.meta("cmpl");
     if req.stream == Some(true) {
         let usage = req
             .stream_options

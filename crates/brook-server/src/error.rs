@@ -6,6 +6,8 @@
 //! for malformed or wrongly typed input, 401 bad key, 404 unknown model or path, 413 body too
 //! large, 429 queue full) and plain HTTP otherwise (405, 415).
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 
@@ -48,9 +50,30 @@ impl ApiError {
         Self::invalid(message).with_param(param)
     }
 
-    /// 500: brook itself failed.
+    /// 500: brook itself failed; `message` is sent as is, so it must not carry details of
+    /// the machine (paths, panic text): see [`ApiError::internal_logged`].
     pub fn internal(message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message)
+    }
+
+    /// 500 for a failure whose details (file paths, OS errors, panic messages) belong to the
+    /// operator: they go to the log under a fresh error id, the client gets only the id.
+    pub fn internal_logged(detail: impl std::fmt::Display) -> Self {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        let id = format!(
+            "{:04x}-{}",
+            crate::request::random_seed() as u16,
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        tracing::error!(error_id = %id, "internal error: {detail}");
+        Self::internal(format!(
+            "brook failed while serving this request (error id {id}; the server's log has the details)"
+        ))
+    }
+
+    /// 503 `timeout`: the request ran out of its time (`--request-timeout`).
+    pub fn timed_out(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).with_code("timeout")
     }
 
     /// 401: the API key is missing or wrong.
@@ -149,7 +172,8 @@ impl From<brook_core::Error> for ApiError {
                 | T::Sampling { .. }
                 | T::TemplateRender { .. },
             ) => Self::invalid(e.to_string()),
-            _ => Self::internal(e.to_string()),
+            E::Stopped(m) => Self::timed_out(m.clone()),
+            _ => Self::internal_logged(&e),
         }
     }
 }
@@ -157,5 +181,33 @@ impl From<brook_core::Error> for ApiError {
 impl From<brook_core::text::TextError> for ApiError {
     fn from(e: brook_core::text::TextError) -> Self {
         brook_core::Error::Text(e).into()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_500_names_an_error_id_but_no_detail_of_the_machine() {
+        let io = brook_core::Error::io(
+            "/home/someone/models/secret/model-00001.safetensors",
+            std::io::Error::other("Input/output error"),
+        );
+        let e = ApiError::from(io);
+        assert_eq!(e.status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(e.message.contains("error id"), "{}", e.message);
+        assert!(
+            !e.message.contains("/home") && !e.message.contains("Input/output"),
+            "{}",
+            e.message
+        );
+        // Two failures get different ids.
+        let again = ApiError::internal_logged("x");
+        assert_ne!(e.message, again.message);
+        // Client faults keep their explanation.
+        let bad = ApiError::from(brook_core::Error::Invalid("token id 7 is out of range".into()));
+        assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+        assert!(bad.message.contains("out of range"));
     }
 }

@@ -17,16 +17,17 @@ pub mod error;
 mod page;
 pub mod request;
 mod routes;
+pub mod transport;
 pub mod wire;
 pub mod worker;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use brook_core::session::Llm;
+use brook_core::session::{GenOptions, Llm};
 
 pub use error::ApiError;
 
@@ -44,10 +45,28 @@ pub struct Config {
     /// SSE comment interval while a streamed request waits or prefills, so proxies keep the
     /// connection and a vanished client is noticed.
     pub keep_alive: Duration,
+    /// Connection cap and timeouts ([`transport`]).
+    pub transport: transport::Limits,
+    /// Host names (the `Host` header without its port) allowed besides the loopback ones
+    /// when no API key is set; `"*"` allows any. Without a key a request naming another host
+    /// is refused (403): that is what a web page reaching the server through DNS rebinding
+    /// sends.
+    pub allowed_hosts: Vec<String>,
+    /// Most tokens one request may generate (requests asking for more, or for no limit, are
+    /// held to it); `None` leaves the context as the only limit.
+    pub max_tokens: Option<usize>,
+    /// Longest a request may take from arrival: one still waiting then is answered 503
+    /// (`timeout`), one generating stops with `finish_reason: "length"`.
+    pub request_timeout: Option<Duration>,
+    /// Leave `timings` and `prompt_tokens_details.cached_tokens` out of responses, so a client
+    /// cannot tell from them whether a prompt was cached.
+    pub hide_timings: bool,
 }
 
 impl Config {
-    /// Defaults for serving `model_id`: queue 8, no key, 16 MiB bodies, 5 s keep-alive.
+    /// Defaults for serving `model_id`: queue 8, no key, 16 MiB bodies, 5 s keep-alive, the
+    /// default [`transport::Limits`], loopback hosts only, no token cap, 30 minutes a
+    /// request, timings shown.
     pub fn new(model_id: impl Into<String>) -> Self {
         Self {
             model_id: model_id.into(),
@@ -55,6 +74,11 @@ impl Config {
             api_key: None,
             max_body: 16 << 20,
             keep_alive: Duration::from_secs(5),
+            transport: transport::Limits::default(),
+            allowed_hosts: Vec::new(),
+            max_tokens: None,
+            request_timeout: Some(Duration::from_secs(30 * 60)),
+            hide_timings: false,
         }
     }
 }
@@ -91,6 +115,34 @@ impl App {
     pub fn busy(&self) -> ApiError {
         ApiError::busy(self.config.queue, 5)
     }
+
+    /// What every response of a new request of `kind` shares.
+    pub fn meta(&self, kind: &str) -> wire::Meta {
+        wire::Meta {
+            id: self.next_id(kind),
+            created: now(),
+            model: self.config.model_id.clone(),
+            hide_timings: self.config.hide_timings,
+        }
+    }
+
+    /// Applies the server's limits to a request's options: the token cap and the deadline
+    /// counted from `arrived`.
+    pub fn limit(&self, opts: &mut GenOptions, arrived: Instant) {
+        if let Some(cap) = self.config.max_tokens {
+            opts.max_tokens = Some(opts.max_tokens.map_or(cap, |m| m.min(cap)));
+        }
+        opts.deadline = self.config.request_timeout.map(|t| arrived + t);
+    }
+}
+
+/// Whose conversation a request continues, for the session's reuse: the `user` a request
+/// names, else everyone without one together (one person on loopback, the usual case).
+pub(crate) fn client_of(user: Option<&str>) -> String {
+    match user {
+        Some(u) => format!("user:{u}"),
+        None => String::new(),
+    }
 }
 
 /// Unix time in seconds.
@@ -100,10 +152,18 @@ pub(crate) fn now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// The server's router for `llm`; starts the model thread.
-pub fn router(llm: Arc<Llm>, config: Config) -> std::io::Result<Router> {
+/// A server ready to [`serve`]: the routes and the connection limits.
+#[derive(Debug, Clone)]
+pub struct Server {
+    pub router: Router,
+    pub limits: transport::Limits,
+}
+
+/// The server for `llm`; starts the model thread.
+pub fn router(llm: Arc<Llm>, config: Config) -> std::io::Result<Server> {
     let queue = worker::Queue::spawn(llm.clone(), config.queue)?;
     let max_body = config.max_body;
+    let limits = config.transport.clone();
     let app = Arc::new(App {
         llm,
         config,
@@ -112,31 +172,32 @@ pub fn router(llm: Arc<Llm>, config: Config) -> std::io::Result<Router> {
         ids: AtomicU64::new(0),
         id_prefix: request::random_seed(),
     });
-    Ok(routes::routes(app.clone())
-        .layer(axum::middleware::from_fn_with_state(app, auth::require_key))
+    // Outermost first on the way in: panics caught, the Host checked, the key checked, the
+    // body read whole under its limit and deadline, then the route.
+    let router = routes::routes(app.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            transport::read_body,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            app.clone(),
+            auth::require_key,
+        ))
+        .layer(axum::middleware::from_fn_with_state(app, auth::check_host))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(tower_http::catch_panic::CatchPanicLayer::custom(
             routes::panic_response,
-        )))
+        ));
+    Ok(Server { router, limits })
 }
 
-/// Serves `router` on `listener` until `stop` resolves. Connections still open then (a long
+/// Serves `server` on `listener` until `stop` resolves. Connections still open then (a long
 /// stream) are not waited for: they end with the runtime, so stopping never waits for a
 /// generation to finish.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    router: Router,
+    server: Server,
     stop: impl std::future::Future<Output = ()>,
 ) -> std::io::Result<()> {
-    use std::future::{Future, IntoFuture};
-    use std::task::Poll;
-    let mut server = std::pin::pin!(axum::serve(listener, router).into_future());
-    let mut stop = std::pin::pin!(stop);
-    std::future::poll_fn(|cx| {
-        if let Poll::Ready(r) = server.as_mut().poll(cx) {
-            return Poll::Ready(r);
-        }
-        stop.as_mut().poll(cx).map(|()| Ok(()))
-    })
-    .await
+    transport::serve(listener, server.router, server.limits, stop).await
 }

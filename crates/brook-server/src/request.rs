@@ -343,6 +343,7 @@ impl ChatRequest {
             cancel: None,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             routes: Default::default(),
+            deadline: None,
         })
     }
 }

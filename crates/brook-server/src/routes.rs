@@ -20,6 +20,7 @@ use crate::{App, chat, completions, page};
 pub(crate) fn routes(app: Arc<App>) -> Router {
     Router::new()
         .route("/", get(page::page))
+        .route("/page.js", get(page::script))
         .route("/health", get(health))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
@@ -88,6 +89,5 @@ pub(crate) fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<B
         .map(|s| s.to_string())
         .or_else(|| panic.downcast_ref::<String>().cloned())
         .unwrap_or_else(|| "unknown panic".into());
-    tracing::error!("handler panicked: {what}");
-    ApiError::internal(format!("internal error in brook: {what}")).into_response()
+    ApiError::internal_logged(format!("handler panicked: {what}")).into_response()
 }

@@ -19,6 +19,8 @@ pub struct Meta {
     pub id: String,
     pub created: u64,
     pub model: String,
+    /// Leave out `timings` and `cached_tokens` (`--hide-timings`).
+    pub hide_timings: bool,
 }
 
 /// OpenAI's name for a finish reason (a cancelled generation has no client left to read it).
@@ -30,8 +32,16 @@ pub fn finish_reason(r: FinishReason) -> &'static str {
     }
 }
 
-/// `usage`, with cached prompt tokens and timings.
-pub fn usage(u: &Usage) -> Value {
+/// `usage`, with cached prompt tokens and timings unless `hide` (then only the counts).
+pub fn usage(u: &Usage, hide: bool) -> Value {
+    let counts = json!({
+        "prompt_tokens": u.prompt_tokens,
+        "completion_tokens": u.completion_tokens,
+        "total_tokens": u.prompt_tokens + u.completion_tokens,
+    });
+    if hide {
+        return counts;
+    }
     let per_s = |n: usize, s: f64| if s > 0.0 { n as f64 / s } else { 0.0 };
     let prefilled = u.prompt_tokens.saturating_sub(u.cached_tokens);
     json!({
@@ -95,7 +105,7 @@ pub fn chat_completion(meta: &Meta, c: &Completion) -> Value {
             "logprobs": null,
             "finish_reason": c.finish.map(finish_reason),
         }],
-        "usage": usage(&c.usage),
+        "usage": usage(&c.usage, meta.hide_timings),
     })
 }
 
@@ -112,7 +122,7 @@ pub fn text_completion(meta: &Meta, c: &Completion, prefix: &str) -> Value {
             "logprobs": null,
             "finish_reason": c.finish.map(finish_reason),
         }],
-        "usage": usage(&c.usage),
+        "usage": usage(&c.usage, meta.hide_timings),
     })
 }
 
@@ -188,12 +198,14 @@ impl Chunker {
         if self.include_usage {
             out.push(last);
             let mut u = self.chunk(json!([]));
-            u["usage"] = usage(&c.usage);
+            u["usage"] = usage(&c.usage, self.meta.hide_timings);
             out.push(u);
+        } else if self.meta.hide_timings {
+            out.push(last);
         } else {
             // Clients that never asked for usage ignore unknown fields; the page reads the
             // timings from here.
-            last["timings"] = usage(&c.usage)["timings"].clone();
+            last["timings"] = usage(&c.usage, false)["timings"].clone();
             out.push(last);
         }
         out

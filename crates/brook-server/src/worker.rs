@@ -1,13 +1,16 @@
 //! The model worker: one OS thread owns the one [`Session`] and runs requests one at a time
 //! from a bounded queue, streaming their events back to the HTTP handlers.
 //!
-//! The queue admits one running request plus `queue` waiting ones; beyond that `submit`
-//! refuses (the handler answers 429). A [`Ticket`] is the handler's side of a job: dropping it
+//! The queue admits one running request plus `queue` waiting ones; beyond that `reserve`
+//! refuses (the handler answers 429). A handler reserves its place before it renders and
+//! tokenizes the prompt, so that work is bounded by the queue too. A [`Ticket`] is the handler's side of a job: dropping it
 //! (the client went away, so axum dropped the response stream or the handler future) cancels
 //! the job through its [`CancelToken`], and a job whose receiver is gone is cancelled at its
 //! next event too, so the model is free for the next request within a token. A chat request
 //! hands the session its history and then its last message, so a conversation that extends the
-//! previous one reuses the kept state (the session finds the shared prefix itself).
+//! previous one reuses the kept state (the session finds the shared prefix itself), but only
+//! for the same client: a job from another client (another API key or `user`) starts from a
+//! fresh state, so no client can learn from `cached_tokens` or timings what another sent.
 //!
 //! It must not know about HTTP or JSON: errors come back as [`ApiError`] values only because
 //! that is the type the handlers answer with. Generation runs off the async runtime, since a
@@ -51,6 +54,8 @@ pub enum Out {
 
 struct Job {
     work: Work,
+    /// Whose conversation this is: the session's kept state is reused only for the same one.
+    client: String,
     opts: GenOptions,
     cancel: CancelToken,
     tx: mpsc::UnboundedSender<Out>,
@@ -139,8 +144,9 @@ impl Queue {
         self.len() == 0
     }
 
-    /// Queues a job, or answers `None` when the queue is full.
-    pub fn submit(&self, work: Work, mut opts: GenOptions) -> Option<Ticket> {
+    /// Takes a place in the queue, or answers `None` when the queue is full. The place is
+    /// given back when the reservation is dropped unused.
+    pub fn reserve(&self) -> Option<Reservation> {
         let limit = self.waiting_limit.saturating_add(1);
         let admitted = self
             .admitted
@@ -150,15 +156,27 @@ impl Queue {
         if admitted.is_err() {
             return None;
         }
-        let slot = Arc::new(Slot {
+        Some(Reservation(Arc::new(Slot {
             admitted: self.admitted.clone(),
             held: AtomicBool::new(true),
-        });
+        })))
+    }
+
+    /// Queues a job for `client` in the place `reserved`.
+    pub fn submit(
+        &self,
+        reserved: Reservation,
+        client: String,
+        work: Work,
+        mut opts: GenOptions,
+    ) -> Ticket {
+        let slot = reserved.0.clone();
         let cancel = CancelToken::new();
         opts.cancel = Some(cancel.clone());
         let (tx, rx) = mpsc::unbounded_channel();
         let job = Job {
             work,
+            client,
             opts,
             cancel: cancel.clone(),
             tx,
@@ -168,20 +186,47 @@ impl Queue {
         // A send fails only if the worker thread died; the job's events channel then closes
         // and the handler answers 500.
         let _ = self.tx.send(job);
-        Some(Ticket {
+        Ticket {
             events: rx,
             cancel,
             slot,
-        })
+        }
+    }
+}
+
+/// A place in the queue taken before the job is ready to submit.
+#[derive(Debug)]
+pub struct Reservation(Arc<Slot>);
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        // Submitted, the job's own guard holds the place (this one is a second handle);
+        // dropped unused, the place is free again.
+        if Arc::strong_count(&self.0) == 1 {
+            self.0.release();
+        }
     }
 }
 
 fn worker_loop(llm: Arc<Llm>, rx: std::sync::mpsc::Receiver<Job>) {
     let mut session = llm.session();
     let mut mode = Mode::Chat;
+    let mut owner: Option<String> = None;
     for job in rx {
         if job.cancel.is_cancelled() || job.tx.is_closed() {
             continue; // the client left while waiting
+        }
+        if job.opts.deadline.is_some_and(|d| Instant::now() >= d) {
+            let waited = job.queued_at.elapsed().as_secs_f64();
+            let _ = job.tx.send(Out::Failed(ApiError::timed_out(format!(
+                "the request waited {waited:.0} s in the queue and ran out of time before it started; retry later or raise --request-timeout"
+            ))));
+            continue;
+        }
+        if owner.as_deref() != Some(job.client.as_str()) {
+            // Another client's conversation: nothing of the last one may be reused.
+            session.reset();
+            owner = Some(job.client.clone());
         }
         let _ = job.tx.send(Out::Started {
             queued_s: job.queued_at.elapsed().as_secs_f64(),
@@ -201,14 +246,14 @@ fn worker_loop(llm: Arc<Llm>, rx: std::sync::mpsc::Receiver<Job>) {
             }
             Err(panic) => {
                 session = llm.session();
+                owner = None;
                 let what = panic
                     .downcast_ref::<&str>()
                     .map(|s| s.to_string())
                     .or_else(|| panic.downcast_ref::<String>().cloned())
                     .unwrap_or_else(|| "unknown panic".into());
-                tracing::error!("generation panicked: {what}");
-                Out::Failed(ApiError::internal(format!(
-                    "generation failed inside brook ({what}); the session was reset"
+                Out::Failed(ApiError::internal_logged(format!(
+                    "generation panicked: {what}"
                 )))
             }
         };

@@ -40,8 +40,17 @@ fn models_health_and_page() {
     );
     let csp = page.header("content-security-policy").expect("CSP");
     assert!(csp.contains("default-src 'none'") && csp.contains("connect-src 'self'"));
+    assert!(
+        csp.contains("script-src 'self'") && !csp.contains("script-src 'unsafe-inline'"),
+        "{csp}"
+    );
     let html = page.text();
-    assert!(html.contains("<script>") && html.contains("id=\"stop\""));
+    assert!(html.contains("<script src=\"/page.js\"></script>") && html.contains("id=\"stop\""));
+    assert!(!html.contains("<script>"), "the page has inline script");
+    let js = get(server.addr, "/page.js");
+    assert_eq!(js.status, 200);
+    assert!(js.header("content-type").is_some_and(|c| c.starts_with("text/javascript")));
+    assert!(js.text().contains("function markdown"));
     for external in ["src=\"http", "href=\"http", "@import", "url(http", "<link "] {
         assert!(!html.contains(external), "the page loads {external}...");
     }

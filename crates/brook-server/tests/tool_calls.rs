@@ -67,6 +67,7 @@ fn meta() -> Meta {
         id: "chatcmpl-test".into(),
         created: 0,
         model: "chat-model".into(),
+        hide_timings: false,
     }
 }
 

@@ -5,6 +5,7 @@
 //! otherwise hand the model (and the machine's time) to anyone who can reach the port.
 
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use brook_core::Error;
@@ -35,6 +36,34 @@ pub struct Args {
     /// Largest request body, e.g. 16MiB.
     #[arg(long, value_name = "SIZE", default_value = "16MiB")]
     max_body: String,
+    /// Host name clients may use besides localhost and loopback addresses when no API key is
+    /// set (the Host header; repeat for more, `*` for any). Other hosts get 403: that is what
+    /// a web page reaching a loopback server through DNS rebinding sends.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
+    /// Most tokens one request may generate; requests asking for more (or for no limit) are
+    /// held to it. Default: the context.
+    #[arg(long, value_name = "N")]
+    max_tokens: Option<usize>,
+    /// Seconds a request may take from arrival, waiting included; past it a waiting request is
+    /// answered 503 and a generating one stops (finish_reason "length"). 0: no limit.
+    #[arg(long, value_name = "SECONDS", default_value_t = 1800)]
+    request_timeout: u64,
+    /// Connections served at once; a new one beyond closes the oldest idle one, or is answered
+    /// 503 when every connection has a request in flight.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// Seconds a connection has to send a request's headers, from opening or from its previous
+    /// response (idle keep-alive connections close after this too).
+    #[arg(long, value_name = "SECONDS", default_value_t = 15)]
+    header_timeout: u64,
+    /// Seconds a request has to send its whole body; slower ones get 408.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60)]
+    body_timeout: u64,
+    /// Leave `timings` and `cached_tokens` out of responses, so clients cannot tell whether a
+    /// prompt was cached for someone.
+    #[arg(long)]
+    hide_timings: bool,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -72,6 +101,30 @@ pub fn run(a: Args) -> Result<()> {
     config.queue = a.queue;
     config.api_key = api_key;
     config.max_body = usize::try_from(max_body).unwrap_or(usize::MAX);
+    config.allowed_hosts = a.allowed_hosts.clone();
+    if a.max_tokens == Some(0) {
+        anyhow::bail!(Error::Invalid("--max-tokens must be at least 1".into()));
+    }
+    config.max_tokens = a.max_tokens;
+    config.request_timeout = (a.request_timeout > 0).then(|| Duration::from_secs(a.request_timeout));
+    config.hide_timings = a.hide_timings;
+    if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
+        anyhow::bail!(Error::Invalid(
+            "--max-connections, --header-timeout and --body-timeout must be at least 1".into()
+        ));
+    }
+    config.transport = brook_server::transport::Limits {
+        max_connections: a.max_connections,
+        header_timeout: Duration::from_secs(a.header_timeout),
+        body_timeout: Duration::from_secs(a.body_timeout),
+    };
+    let fds = raise_open_files();
+    if fds < a.max_connections as u64 + 64 {
+        eprintln!(
+            "warning: this process may open {fds} files, fewer than --max-connections {} needs; raise `ulimit -n` or lower --max-connections",
+            a.max_connections
+        );
+    }
     let router = brook_server::router(llm, config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -93,4 +146,29 @@ pub fn run(a: Args) -> Result<()> {
         brook_server::serve(listener, router, stop).await?;
         Ok(())
     })
+}
+
+/// Raises the soft limit on open files to the hard one (each connection is a descriptor; the
+/// usual soft limit of 1024 would cap the server below --max-connections) and returns it.
+fn raise_open_files() -> u64 {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit only read and write the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            return 1024;
+        }
+        if lim.rlim_cur < lim.rlim_max {
+            let want = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &want) == 0 {
+                lim.rlim_cur = lim.rlim_max;
+            }
+        }
+    }
+    lim.rlim_cur as u64
 }

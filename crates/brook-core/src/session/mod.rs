@@ -84,6 +84,10 @@ pub struct GenOptions {
     pub ignore_eos: bool,
     /// Where decoded tokens' routed experts come from, or where they are recorded.
     pub routes: Routes,
+    /// When to give up: a prompt still being read then fails with [`Error::Stopped`] (checked
+    /// between prefill chunks), a generation ends with [`FinishReason::Length`] before its
+    /// next token.
+    pub deadline: Option<Instant>,
 }
 
 /// What a generation does with the routing of its decoded tokens (the prompt always routes
@@ -556,7 +560,7 @@ impl Session {
         if prompt.is_empty() {
             return Err(Error::Invalid("nothing new to prefill".into()));
         }
-        self.feed(prompt, &cancel)?;
+        self.feed(prompt, &cancel, opts.deadline)?;
         // [V] logits of the last token fed; the buffer goes back to the session at the end.
         let mut logits = std::mem::take(&mut self.logits);
         self.prefilled = prompt.len();
@@ -572,6 +576,9 @@ impl Session {
         while out.tokens.len() < max {
             if cancel.is_cancelled() {
                 finish = FinishReason::Cancelled;
+                break;
+            }
+            if opts.deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
             let next = sampler.sample(&mut logits, &self.fed);
@@ -621,13 +628,20 @@ impl Session {
 
     /// Runs `ids` through the model, appending them to the state; leaves the last token's
     /// logits in `self.logits`.
-    fn feed(&mut self, ids: &[u32], cancel: &CancelToken) -> Result<()> {
+    fn feed(&mut self, ids: &[u32], cancel: &CancelToken, deadline: Option<Instant>) -> Result<()> {
         let chunk = self.llm.options.prefill_chunk.max(1);
         let mut rest = ids;
         self.take_snapshot_if_due();
         while !rest.is_empty() {
             if cancel.is_cancelled() && ids.len() > 1 {
-                return Err(Error::Invalid("cancelled during prefill".into()));
+                return Err(Error::Stopped("cancelled during prefill".into()));
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) && ids.len() > 1 {
+                return Err(Error::Stopped(format!(
+                    "the time limit ran out while reading the prompt ({} of {} tokens read)",
+                    ids.len() - rest.len(),
+                    ids.len()
+                )));
             }
             // Stop a chunk short at the snapshot point so the state there can be copied.
             let mut n = rest.len().min(chunk);
@@ -655,7 +669,7 @@ impl Session {
     /// Runs one decoded token (see [`Routes`]); leaves its logits in `self.logits`.
     fn decode(&mut self, token: u32, routes: &Routes, decoded: usize) -> Result<()> {
         if matches!(routes, Routes::Router) {
-            return self.feed(&[token], &CancelToken::new());
+            return self.feed(&[token], &CancelToken::new(), None);
         }
         self.take_snapshot_if_due();
         self.llm

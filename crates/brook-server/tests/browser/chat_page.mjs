@@ -91,6 +91,24 @@ try {
   assert.ok(secs < 30, `the answer after Stop took ${secs} s`);
   step(`answer after Stop in ${secs.toFixed(2)} s`);
 
+  // The CSP runs no inline script, and the API key stays in this tab's sessionStorage.
+  const inline = await page.evaluate(() => {
+    const s = document.createElement("script");
+    s.textContent = "window.__inlineRan = true";
+    document.body.appendChild(s);
+    return window.__inlineRan === true;
+  });
+  assert.equal(inline, false, "an inline script ran despite the CSP");
+  const blocked = problems.filter((p) => /inline script/i.test(p));
+  assert.ok(blocked.length > 0, "the CSP violation was not reported");
+  problems.splice(0, problems.length, ...problems.filter((p) => !blocked.includes(p)));
+  await page.evaluate(() => { document.getElementById("api-key").value = "k-123"; saveSettings(); });
+  const kept = await page.evaluate(() => ({
+    local: localStorage.getItem("brook.api-key"),
+    session: sessionStorage.getItem("brook.api-key"),
+  }));
+  assert.deepEqual(kept, { local: null, session: "k-123" });
+  step("no inline script runs; the key is kept per tab");
   assert.deepEqual(problems, []);
   step("passed");
 } finally {
