@@ -261,6 +261,18 @@ impl ChatRequest {
                     ),
                 ));
             }
+            // OpenAI answers 400 here; without the check a bare turn renders as nothing and
+            // the model runs on to the end of the context.
+            let needs_content = m.role != "assistant" || m.tool_calls.is_empty();
+            if needs_content && m.content.is_none() {
+                return Err(ApiError::invalid_param(
+                    format!("messages[{i}].content"),
+                    format!(
+                        "a `{}` message needs `content` (only an assistant message with `tool_calls` may leave it out)",
+                        m.role
+                    ),
+                ));
+            }
         }
         for (i, t) in self.tools.iter().flatten().enumerate() {
             if t.kind != "function" || t.function.name.trim().is_empty() {

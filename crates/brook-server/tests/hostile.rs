@@ -44,6 +44,16 @@ fn cases() -> Vec<(String, Vec<u8>, u16)> {
         400,
     );
     chat("not JSON", s("hello there"), 400);
+    chat(
+        "a user message without content",
+        s("{\"messages\": [{\"role\": \"user\"}]}"),
+        400,
+    );
+    chat(
+        "a system message with null content",
+        s("{\"messages\": [{\"role\": \"system\", \"content\": null}, {\"role\": \"user\", \"content\": \"hi\"}]}"),
+        400,
+    );
     chat("empty body", Vec::new(), 400);
     chat("JSON array", s("[]"), 400);
     chat("JSON string", s("\"hi\""), 400);
