@@ -171,3 +171,56 @@ fn rendered_prompts_round_trip_through_the_tokenizer() {
         }
     }
 }
+
+/// A template from a hostile checkpoint ends in a typed error, never a hang, a stack overflow
+/// or an allocation without bound.
+#[test]
+fn hostile_templates_end_in_errors_within_their_budget() {
+    let msgs = [Message::new("user", "hi")];
+    let render = |src: &str| {
+        let t = ChatTemplate::new(src).expect("compiles");
+        let start = std::time::Instant::now();
+        let r = t.render(&msgs, None, true, &Map::new());
+        (r, start.elapsed())
+    };
+    for (what, src) in [
+        (
+            "a namespace holding itself, printed",
+            "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ ns }}",
+        ),
+        (
+            "a namespace holding itself, as a string",
+            "{% set ns = namespace(a=1) %}{% set ns.me = [ns] %}{{ ns.me|string }}",
+        ),
+        (
+            "a namespace holding itself, as JSON",
+            "{% set ns = namespace(a=1) %}{% set ns.me = {'x': ns} %}{{ ns|tojson }}",
+        ),
+        (
+            "an endless loop",
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+        ),
+        (
+            "output without end",
+            "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+        ),
+        ("a huge indent", "{{ messages|tojson(indent=100000000) }}"),
+        (
+            "endless recursion",
+            "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        ),
+        ("a huge range", "{% for i in range(10**12) %}{% endfor %}"),
+    ] {
+        let (r, took) = render(src);
+        let e = r.expect_err(what);
+        assert!(
+            matches!(e, TextError::TemplateRender { .. }),
+            "{what}: {e:?}"
+        );
+        assert!(took < std::time::Duration::from_secs(30), "{what}: {took:?}");
+        eprintln!("{what}: {e} ({took:?})");
+    }
+    // Deep but finite values still print.
+    let (r, _) = render("{{ [[[[1]]]] }} {{ {'a': {'b': [1, 2]}}|tojson(indent=2) }}");
+    assert!(r.expect("renders").starts_with("[[[[1]]]]"));
+}

@@ -21,6 +21,19 @@ use super::{Result, TextError, strftime};
 const DEFAULT: &str = "default";
 const TOOL_USE: &str = "tool_use";
 
+/// The budget of one render. A template comes with the model files, which may come from
+/// anyone, so a render is bounded: `FUEL` minijinja instructions (about 1.5 s at worst on a
+/// 2-core dev machine; the Qwen3.6 template spends about 180 per message, 4000 messages render
+/// in 21 ms, so a context full of one-token messages stays well within it), at most `MAX_OUTPUT` bytes of prompt
+/// (the longest context's text is a few MB), values printed or passed to `tojson` at most
+/// `MAX_DEPTH` containers deep (which also stops a namespace that holds itself there), and a
+/// `tojson` indent of at most `MAX_INDENT`. minijinja itself limits ranges, repeated
+/// sequences and recursion (500 levels).
+pub const FUEL: u64 = 50_000_000;
+pub const MAX_OUTPUT: usize = 32 << 20;
+pub const MAX_DEPTH: usize = 64;
+pub const MAX_INDENT: usize = 32;
+
 /// A compiled chat template plus the special-token strings templates may reference.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -221,8 +234,58 @@ impl ChatTemplate {
             .map_err(|e| TextError::TemplateSyntax {
                 message: format!("{e:#}"),
             })?;
-        tmpl.render(ctx).map_err(render_error)
+        let mut out = Capped(Vec::new());
+        tmpl.render_captured_to(ctx, &mut out)
+            .map_err(render_error)?;
+        String::from_utf8(out.0).map_err(|_| TextError::TemplateRender {
+            message: "the template wrote bytes that are not UTF-8".into(),
+        })
     }
+}
+
+/// The render's output, refusing to grow past [`MAX_OUTPUT`].
+struct Capped(Vec<u8>);
+
+impl std::io::Write for Capped {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_OUTPUT {
+            return Err(std::io::Error::other(format!(
+                "the template's output passed {} MiB; a chat prompt is never that long",
+                MAX_OUTPUT >> 20
+            )));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Fails when `v` nests containers deeper than [`MAX_DEPTH`] (what printing a namespace that
+/// holds itself would recurse into until the stack overflows).
+fn check_depth(v: &Value, depth: usize) -> Result<(), Error> {
+    use minijinja::value::ValueKind;
+    if !matches!(v.kind(), ValueKind::Map | ValueKind::Seq) {
+        return Ok(());
+    }
+    if depth >= MAX_DEPTH {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!(
+                "a value nests more than {MAX_DEPTH} levels deep (does it contain itself?)"
+            ),
+        ));
+    }
+    let items: Vec<Value> = v.try_iter()?.collect();
+    for item in &items {
+        check_depth(item, depth + 1)?;
+        if v.kind() == ValueKind::Map {
+            check_depth(&v.get_item(item)?, depth + 1)?;
+        }
+    }
+    Ok(())
 }
 
 fn to_jinja(v: serde_json::Value) -> Result<Value> {
@@ -277,6 +340,15 @@ fn base_environment() -> Environment<'static> {
             .unwrap_or_default(),
     );
     env.set_auto_escape_callback(|_| minijinja::AutoEscape::None);
+    env.set_fuel(Some(FUEL));
+    env.set_formatter(|out, state, value| {
+        check_depth(value, 0)?;
+        minijinja::escape_formatter(out, state, value)
+    });
+    env.add_filter("string", |value: Value| -> Result<Value, Error> {
+        check_depth(&value, 0)?;
+        Ok(Value::from(value.to_string()))
+    });
     env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
     env.add_filter("tojson", tojson);
     env.add_function("raise_exception", raise_exception);
@@ -297,10 +369,17 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
         None => None,
         Some(v) if v.is_none() => None,
         Some(v) => match v.as_i64() {
-            Some(n) => Some(" ".repeat(usize::try_from(n).unwrap_or(0))),
+            Some(n) => Some(" ".repeat(usize::try_from(n).unwrap_or(0).min(MAX_INDENT + 1))),
             None => Some(v.as_str().unwrap_or_default().to_string()),
         },
     };
+    if indent.as_ref().is_some_and(|s| s.len() > MAX_INDENT) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson indent is limited to {MAX_INDENT} characters"),
+        ));
+    }
+    check_depth(&value, 0)?;
     let mut opts = DumpOptions::default().with_indent(indent);
     if let Some(ensure_ascii) = kwargs.get::<Option<bool>>("ensure_ascii")? {
         opts.ensure_ascii = ensure_ascii;
