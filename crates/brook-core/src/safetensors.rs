@@ -1,8 +1,10 @@
 //! Reading and writing safetensors files without mapping them.
 //!
-//! The header is parsed and checked in full at open (every tensor's extent inside the file,
-//! its byte length against dtype × shape, no overlaps past the end), so a truncated or
-//! malformed file is refused with its name before any tensor is used. Tensor bytes are read
+//! The header is parsed and checked in full at open, as strictly as Hugging Face's own parser:
+//! every tensor's byte length against dtype × shape (checked products), every extent inside
+//! the file, and the extents tiling the data section exactly (no overlap, no gap, nothing
+//! after the last tensor), so a truncated, malformed or crafted file is refused with its name
+//! before any tensor is used. Tensor bytes are read
 //! with positioned reads; nothing is mmapped, so expert data never pollutes the page cache
 //! through this path. Mirrors the format as `safetensors` (huggingface) specifies it.
 
@@ -106,6 +108,7 @@ impl SafeFile {
                 },
             );
         }
+        check_layout(&tensors, data_start, data_len).map_err(bad)?;
         Ok(SafeFile {
             path: path.to_path_buf(),
             file,
@@ -159,6 +162,44 @@ impl SafeFile {
             }
         })
     }
+}
+
+/// The tensors' extents (absolute offsets) must tile `data_start..data_start + data_len`:
+/// sorted by offset, each begins where the previous ended, the last ends at the file's end.
+fn check_layout(
+    tensors: &BTreeMap<String, TensorInfo>,
+    data_start: u64,
+    data_len: u64,
+) -> Result<(), String> {
+    let mut spans: Vec<(u64, u64, &str)> = tensors
+        .iter()
+        .map(|(n, t)| (t.offset - data_start, t.len, n.as_str()))
+        .collect();
+    spans.sort_unstable();
+    let mut at = 0u64;
+    let mut prev = "the header";
+    for (begin, len, name) in spans {
+        if begin < at {
+            return Err(format!(
+                "tensor `{name}` (bytes {begin}..{}) overlaps `{prev}`, which ends at {at}",
+                begin + len
+            ));
+        }
+        if begin > at {
+            return Err(format!(
+                "{} bytes between `{prev}` and tensor `{name}` belong to no tensor",
+                begin - at
+            ));
+        }
+        at = begin + len;
+        prev = name;
+    }
+    if at != data_len {
+        return Err(format!(
+            "the data section has {data_len} bytes but its tensors cover {at} (trailing bytes, or a file that is not what its header says)"
+        ));
+    }
+    Ok(())
 }
 
 fn parse_entry(name: &str, entry: &Value, data_len: u64) -> Result<TensorInfo, String> {

@@ -144,6 +144,44 @@ fn malformed_headers_are_refused() {
     cases.push(("spans bytes", swap_header(&good, header_len, &bad_offsets)));
     let bad_dtype = header.replacen("\"BF16\"", "\"Q9\"", 1);
     cases.push(("dtype", swap_header(&good, header_len, &bad_dtype)));
+    // Extents that do not tile the data section (Hugging Face's parser refuses these too).
+    let edit = |f: &dyn Fn(&mut serde_json::Map<String, serde_json::Value>)| {
+        let mut v: serde_json::Value = serde_json::from_str(&header).expect("header");
+        f(v.as_object_mut().expect("object"));
+        v.to_string()
+    };
+    let spans = |m: &serde_json::Map<String, serde_json::Value>| {
+        let mut s: Vec<(u64, String)> = m
+            .iter()
+            .filter(|(k, _)| *k != "__metadata__")
+            .map(|(k, v)| (v["data_offsets"][0].as_u64().expect("offset"), k.clone()))
+            .collect();
+        s.sort();
+        s
+    };
+    let shift = |m: &mut serde_json::Map<String, serde_json::Value>, name: &str, by: i64| {
+        let o = &mut m[name]["data_offsets"];
+        for i in 0..2 {
+            o[i] = ((o[i].as_u64().expect("offset") as i64) + by).into();
+        }
+    };
+    let overlap = edit(&|m| {
+        let second = spans(m)[1].1.clone();
+        shift(m, &second, -1);
+    });
+    cases.push(("overlaps", swap_header(&good, header_len, &overlap)));
+    let gap = edit(&|m| {
+        for (_, name) in spans(m) {
+            shift(m, &name, 16);
+        }
+    });
+    let mut with_gap = swap_header(&good, header_len, &gap);
+    let at = with_gap.len() - (good.len() - 8 - header_len);
+    with_gap.splice(at..at, [0u8; 16]);
+    cases.push(("belong to no tensor", with_gap));
+    let mut trailing = good.clone();
+    trailing.extend_from_slice(b"extra");
+    cases.push(("trailing bytes", trailing));
     for (want, bytes) in cases {
         std::fs::write(&file, &bytes).expect("write");
         match open_err(dir.path()) {
