@@ -299,6 +299,20 @@ impl ModelConfig {
                 ),
             ));
         }
+        if let Some(&id) = self
+            .eos_token_ids
+            .iter()
+            .chain(&self.bos_token_id)
+            .find(|&&id| id as usize >= self.vocab_size)
+        {
+            return Err(Error::config(
+                field("eos_token_id"),
+                format!(
+                    "token id {id} is outside the vocabulary of {}",
+                    self.vocab_size
+                ),
+            ));
+        }
         if self.rms_norm_eps.is_nan() || self.rms_norm_eps <= 0.0 {
             return Err(Error::config(field("rms_norm_eps"), "must be positive"));
         }
@@ -345,12 +359,24 @@ impl Fields<'_> {
     fn opt_usize(&self, key: &str) -> Result<Option<usize>> {
         match self.obj.get(key) {
             None | Some(Value::Null) => Ok(None),
-            Some(v) => v.as_u64().map(|v| Some(v as usize)).ok_or_else(|| {
-                Error::config(
-                    self.name(key),
-                    format!("expected a non-negative integer, got {v}"),
-                )
-            }),
+            Some(v) => {
+                let n = v.as_u64().ok_or_else(|| {
+                    Error::config(
+                        self.name(key),
+                        format!("expected a non-negative integer, got {v}"),
+                    )
+                })?;
+                let max = max_of(key);
+                if n > max as u64 {
+                    return Err(Error::config(
+                        self.name(key),
+                        format!(
+                            "{n} is beyond what any model of this family uses (at most {max} is accepted); the config is corrupt or not for this model"
+                        ),
+                    ));
+                }
+                Ok(Some(n as usize))
+            }
         }
     }
     fn usize(&self, key: &str) -> Result<usize> {
@@ -372,6 +398,24 @@ impl Fields<'_> {
                 Error::config(self.name(key), format!("expected true or false, got {v}"))
             }),
         }
+    }
+}
+
+/// The largest value accepted for an integer config field: tens of times what the largest
+/// published models of this family use, so every size computed from them (buffers, files,
+/// products of several fields) stays far from overflow and from allocating without bound.
+fn max_of(key: &str) -> usize {
+    match key {
+        "num_hidden_layers" => 1024,
+        "vocab_size" => 1 << 22,
+        "hidden_size" | "moe_intermediate_size" | "num_experts" => 1 << 16,
+        "shared_expert_intermediate_size" => 1 << 18,
+        "head_dim" | "linear_key_head_dim" | "linear_value_head_dim" => 1 << 12,
+        "num_attention_heads" | "num_key_value_heads" | "linear_num_key_heads"
+        | "linear_num_value_heads" | "num_experts_per_tok" => 1 << 10,
+        "linear_conv_kernel_dim" | "full_attention_interval" | "decoder_sparse_step" => 64,
+        "max_position_embeddings" => 1 << 24,
+        _ => 1 << 24,
     }
 }
 
@@ -417,14 +461,13 @@ fn layer_types(f: &Fields<'_>, n: usize) -> Result<Vec<LayerKind>> {
         .collect())
 }
 
+/// Token ids of a config field (one or a list); ids that cannot be token ids (negative, not
+/// integers, past u32) are dropped here and ids past the vocabulary refused by `validate`.
 fn token_ids(v: Option<&Value>) -> Option<Vec<u32>> {
+    let id = |n: &Value| n.as_u64().and_then(|n| u32::try_from(n).ok());
     match v? {
-        Value::Number(n) => n.as_u64().map(|n| vec![n as u32]),
-        Value::Array(a) => Some(
-            a.iter()
-                .filter_map(|n| n.as_u64().map(|n| n as u32))
-                .collect(),
-        ),
+        Value::Number(_) => v.and_then(id).map(|n| vec![n]),
+        Value::Array(a) => Some(a.iter().filter_map(id).collect()),
         _ => None,
     }
 }
