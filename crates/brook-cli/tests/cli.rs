@@ -456,3 +456,51 @@ fn trace_records_and_bench_replays_a_routing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("line 1: 1 layer lists"), "{err}");
 }
+
+#[test]
+fn verify_and_open_refuse_damaged_containers_with_exit_3() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("c");
+    let r = brook()
+        .arg("repack")
+        .arg(fixture("next-q4"))
+        .arg(&out)
+        .output()
+        .expect("run");
+    succeeded(&r);
+    succeeded(&brook().arg("verify").arg(&out).output().expect("run"));
+
+    // A flipped byte inside an expert: verify exits 3 (bad model files).
+    let layer = out.join("experts/layer-000.bin");
+    let mut bytes = std::fs::read(&layer).expect("read");
+    bytes[100] ^= 0x40;
+    std::fs::write(&layer, &bytes).expect("write");
+    let r = brook().arg("verify").arg(&out).output().expect("run");
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(3), "{err}");
+    assert!(err.contains("verification failed"), "{err}");
+    bytes[100] ^= 0x40;
+    std::fs::write(&layer, &bytes).expect("write");
+
+    // A manifest naming a file outside the container: refused at open, exit 3.
+    let mpath = out.join("manifest.json");
+    let good = std::fs::read_to_string(&mpath).expect("read");
+    let mut m: serde_json::Value = serde_json::from_str(&good).expect("json");
+    m["experts"]["layers"][0]["file"] = "../../etc/passwd".into();
+    std::fs::write(&mpath, m.to_string()).expect("write");
+    let r = brook().arg("verify").arg(&out).output().expect("run");
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert_eq!(r.status.code(), Some(3), "{err}");
+    assert!(err.contains("outside the container"), "{err}");
+
+    // A stride far past the blob (a sparse file could back it): refused, exit 3.
+    let mut m: serde_json::Value = serde_json::from_str(&good).expect("json");
+    let stride = m["experts"]["layers"][0]["stride"]
+        .as_u64()
+        .expect("stride");
+    m["experts"]["layers"][0]["stride"] = (stride << 20).into();
+    std::fs::write(&mpath, m.to_string()).expect("write");
+    let r = brook().arg("verify").arg(&out).output().expect("run");
+    assert_eq!(r.status.code(), Some(3));
+    assert!(!String::from_utf8_lossy(&r.stderr).contains("panicked"));
+}

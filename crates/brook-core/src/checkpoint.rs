@@ -183,7 +183,8 @@ impl TensorSource for Checkpoint {
 fn shard_names(dir: &Path) -> Result<Vec<String>> {
     let index_path = dir.join("model.safetensors.index.json");
     if index_path.is_file() {
-        let text = std::fs::read_to_string(&index_path).map_err(|e| Error::io(&index_path, e))?;
+        let text = crate::util::read_capped_string(&index_path, crate::util::MAX_INDEX)
+            .map_err(|e| Error::io(&index_path, e))?;
         let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| Error::Json {
             path: index_path.clone(),
             reason: format!("not valid JSON: {e}"),

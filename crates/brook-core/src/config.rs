@@ -100,7 +100,8 @@ impl ModelConfig {
     /// Reads and validates `dir/config.json`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|e| Error::io(&path, e))?;
+        let text = crate::util::read_capped_string(&path, crate::util::MAX_CONFIG)
+            .map_err(|e| Error::io(&path, e))?;
         let json: Value = serde_json::from_str(&text).map_err(|e| Error::Json {
             path: path.clone(),
             reason: format!("not valid JSON: {e}"),
@@ -411,8 +412,11 @@ fn max_of(key: &str) -> usize {
         "hidden_size" | "moe_intermediate_size" | "num_experts" => 1 << 16,
         "shared_expert_intermediate_size" => 1 << 18,
         "head_dim" | "linear_key_head_dim" | "linear_value_head_dim" => 1 << 12,
-        "num_attention_heads" | "num_key_value_heads" | "linear_num_key_heads"
-        | "linear_num_value_heads" | "num_experts_per_tok" => 1 << 10,
+        "num_attention_heads"
+        | "num_key_value_heads"
+        | "linear_num_key_heads"
+        | "linear_num_value_heads"
+        | "num_experts_per_tok" => 1 << 10,
         "linear_conv_kernel_dim" | "full_attention_interval" | "decoder_sparse_step" => 64,
         "max_position_embeddings" => 1 << 24,
         _ => 1 << 24,

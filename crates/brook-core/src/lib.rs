@@ -22,6 +22,7 @@ pub mod session;
 pub mod store;
 pub mod synth;
 pub mod text;
+pub mod util;
 
 pub use checkpoint::{Checkpoint, TensorSource};
 pub use config::ModelConfig;

@@ -242,9 +242,10 @@ impl Store {
 
     fn describe(&self, folder: &str) -> Result<StoredModel> {
         let dir = self.models_dir().join(folder);
-        let origin: Option<Origin> = std::fs::read(dir.join(ORIGIN_FILE))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok());
+        let origin: Option<Origin> =
+            crate::util::read_capped(&dir.join(ORIGIN_FILE), crate::util::MAX_CONFIG)
+                .ok()
+                .and_then(|b| serde_json::from_slice(&b).ok());
         let name = match origin
             .as_ref()
             .and_then(|o| o.repo.as_ref().map(|r| (r, &o.revision)))
@@ -339,7 +340,7 @@ fn local_name(canonical: &Path) -> String {
 
 /// Whether the container at `dir` was made from the checkpoint `src` describes.
 fn same_source(dir: &Path, src: &RepackSource<'_>) -> bool {
-    std::fs::read(dir.join("manifest.json"))
+    crate::util::read_capped(&dir.join("manifest.json"), crate::util::MAX_INDEX)
         .ok()
         .and_then(|b| serde_json::from_slice::<Manifest>(&b).ok())
         .is_some_and(|m| m.source.files == src.identity.files && m.config == src.config_json)

@@ -172,7 +172,11 @@ fn inconsistent_dimensions_name_the_field() {
         ("hidden_size", json!(0), "hidden_size"),
         ("norm_topk_prob", json!(1), "norm_topk_prob"),
         // Sizes no model has: refused before anything is allocated from them.
-        ("num_hidden_layers", json!(1_000_000_000_000u64), "num_hidden_layers"),
+        (
+            "num_hidden_layers",
+            json!(1_000_000_000_000u64),
+            "num_hidden_layers",
+        ),
         ("num_hidden_layers", json!(1e12), "num_hidden_layers"),
         ("vocab_size", json!(u64::MAX), "vocab_size"),
         ("num_experts", json!(1u64 << 40), "num_experts"),

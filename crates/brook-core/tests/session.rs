@@ -256,7 +256,9 @@ fn a_deadline_stops_a_prefill_with_an_error_and_a_generation_with_length() {
 
     // One prompt token is read whatever the deadline; decoding then stops before any token.
     let mut s = llm.session();
-    let c = s.generate(&[1], &opts, None, &mut |_| {}).expect("generate");
+    let c = s
+        .generate(&[1], &opts, None, &mut |_| {})
+        .expect("generate");
     assert_eq!(c.tokens.len(), 0);
     assert_eq!(c.finish, Some(FinishReason::Length));
 
@@ -266,6 +268,8 @@ fn a_deadline_stops_a_prefill_with_an_error_and_a_generation_with_length() {
         ..greedy(5)
     };
     let mut s = llm.session();
-    let c = s.generate(&[1, 2, 3], &far, None, &mut |_| {}).expect("generate");
+    let c = s
+        .generate(&[1, 2, 3], &far, None, &mut |_| {})
+        .expect("generate");
     assert_eq!(c.tokens.len(), 5);
 }

@@ -217,7 +217,10 @@ fn hostile_templates_end_in_errors_within_their_budget() {
             matches!(e, TextError::TemplateRender { .. }),
             "{what}: {e:?}"
         );
-        assert!(took < std::time::Duration::from_secs(30), "{what}: {took:?}");
+        assert!(
+            took < std::time::Duration::from_secs(30),
+            "{what}: {took:?}"
+        );
         eprintln!("{what}: {e} ({took:?})");
     }
     // Deep but finite values still print.

@@ -26,9 +26,9 @@ use brook_core::session::{Completion, GenOptions, Llm};
 use brook_core::text::Message;
 use serde_json::Value;
 
+use crate::App;
 use crate::error::{ApiError, ApiResult};
 use crate::request::{ChatRequest, parse_body};
-use crate::App;
 use crate::wire::{self, Chunker};
 use crate::worker::{Out, Ticket, Work};
 

@@ -16,10 +16,10 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use brook_core::session::Llm;
 
+use crate::App;
 use crate::chat::{blocking, check_length, collect, sse};
 use crate::error::{ApiError, ApiResult};
 use crate::request::{CompletionRequest, Prompt, parse_body};
-use crate::App;
 use crate::wire::{self, Chunker};
 use crate::worker::Work;
 
@@ -56,9 +56,7 @@ async fn complete(
         String::new()
     };
     let client = crate::client_of(req.user.as_deref());
-    let ticket = app
-        .queue
-        .submit(reserved, client, Work::Raw { ids }, opts);
+    let ticket = app.queue.submit(reserved, client, Work::Raw { ids }, opts);
     let meta = app.meta("cmpl");
     if req.stream == Some(true) {
         let usage = req

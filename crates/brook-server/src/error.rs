@@ -206,7 +206,9 @@ mod tests {
         let again = ApiError::internal_logged("x");
         assert_ne!(e.message, again.message);
         // Client faults keep their explanation.
-        let bad = ApiError::from(brook_core::Error::Invalid("token id 7 is out of range".into()));
+        let bad = ApiError::from(brook_core::Error::Invalid(
+            "token id 7 is out of range".into(),
+        ));
         assert_eq!(bad.status, StatusCode::BAD_REQUEST);
         assert!(bad.message.contains("out of range"));
     }

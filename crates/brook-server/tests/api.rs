@@ -49,7 +49,10 @@ fn models_health_and_page() {
     assert!(!html.contains("<script>"), "the page has inline script");
     let js = get(server.addr, "/page.js");
     assert_eq!(js.status, 200);
-    assert!(js.header("content-type").is_some_and(|c| c.starts_with("text/javascript")));
+    assert!(
+        js.header("content-type")
+            .is_some_and(|c| c.starts_with("text/javascript"))
+    );
     assert!(js.text().contains("function markdown"));
     for external in ["src=\"http", "href=\"http", "@import", "url(http", "<link "] {
         assert!(!html.contains(external), "the page loads {external}...");

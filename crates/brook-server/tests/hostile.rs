@@ -51,7 +51,9 @@ fn cases() -> Vec<(String, Vec<u8>, u16)> {
     );
     chat(
         "a system message with null content",
-        s("{\"messages\": [{\"role\": \"system\", \"content\": null}, {\"role\": \"user\", \"content\": \"hi\"}]}"),
+        s(
+            "{\"messages\": [{\"role\": \"system\", \"content\": null}, {\"role\": \"user\", \"content\": \"hi\"}]}",
+        ),
         400,
     );
     chat("empty body", Vec::new(), 400);

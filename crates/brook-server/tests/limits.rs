@@ -17,7 +17,11 @@ fn assert_error(what: &str, r: &Resp, status: u16, code: &str) {
     assert_eq!(r.status, status, "{what}: {}", r.text());
     let v = r.json();
     assert_eq!(v["error"]["code"], code, "{what}: {v}");
-    assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()));
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .is_some_and(|m| !m.is_empty())
+    );
 }
 
 /// Reads until the server closes the connection; how long that took.
@@ -42,7 +46,10 @@ fn silent_slow_and_idle_connections_are_closed() {
 
     // Opened and never written to.
     let (t, out) = time_to_close(common::connect(server.addr));
-    assert!(out.is_empty() && t < Duration::from_secs(10), "silent: {t:?}");
+    assert!(
+        out.is_empty() && t < Duration::from_secs(10),
+        "silent: {t:?}"
+    );
 
     // Headers trickled and never finished (slowloris).
     let mut s = common::connect(server.addr);

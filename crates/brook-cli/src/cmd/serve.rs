@@ -106,7 +106,8 @@ pub fn run(a: Args) -> Result<()> {
         anyhow::bail!(Error::Invalid("--max-tokens must be at least 1".into()));
     }
     config.max_tokens = a.max_tokens;
-    config.request_timeout = (a.request_timeout > 0).then(|| Duration::from_secs(a.request_timeout));
+    config.request_timeout =
+        (a.request_timeout > 0).then(|| Duration::from_secs(a.request_timeout));
     config.hide_timings = a.hide_timings;
     if a.max_connections == 0 || a.header_timeout == 0 || a.body_timeout == 0 {
         anyhow::bail!(Error::Invalid(

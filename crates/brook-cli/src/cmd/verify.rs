@@ -34,11 +34,15 @@ pub fn run(a: Args) -> Result<()> {
     )?;
     bar.finish_and_clear();
     if let Some(first) = report.mismatches.first() {
-        anyhow::bail!(
-            "verification failed: {first} ({} problem(s) in total, {} experts checked)",
-            report.mismatches.len(),
-            report.experts_checked
-        );
+        // A bad model file: exit 3, like any other (docs: exit codes).
+        anyhow::bail!(brook_core::Error::Checkpoint {
+            path: a.container.clone(),
+            reason: format!(
+                "verification failed: {first} ({} problem(s) in total, {} experts checked); re-run `brook repack` (or `brook pull`) to rebuild it",
+                report.mismatches.len(),
+                report.experts_checked
+            ),
+        });
     }
     println!(
         "ok: {} experts and the dense file, {:.2} GB checked{}",

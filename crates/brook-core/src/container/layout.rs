@@ -19,6 +19,9 @@ use crate::quant;
 
 /// Alignment of each section inside a blob.
 pub const SECTION_ALIGN: u64 = 64;
+
+/// Largest expert blob a manifest may describe (the 80B's are about 1.7 MB).
+pub const MAX_BLOB: u64 = 1 << 32;
 /// The three projections of an expert, in blob order.
 pub const PROJS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
@@ -133,7 +136,8 @@ impl ExpertLayout {
         Ok(layout)
     }
 
-    /// Parses and validates a section table (from a manifest or [`ExpertLayout::from_store`]).
+    /// Parses and validates a section table (from a manifest or [`ExpertLayout::from_store`]),
+    /// every size and offset with checked arithmetic: they come from a file.
     pub fn from_sections(
         sections: Vec<Section>,
         cfg: &ModelConfig,
@@ -152,14 +156,23 @@ impl ExpertLayout {
                     expected: "a safetensors dtype".into(),
                     got: s.dtype.clone(),
                 })?;
-                let numel: usize = s.shape.iter().product();
-                if (numel * dtype.size()) as u64 != s.size {
-                    return Err(Error::Invalid(format!(
-                        "section `{}` of layer {layer}: {} bytes for {} {:?}",
-                        s.name, s.size, s.dtype, s.shape
-                    )));
+                let bad = || {
+                    Error::Invalid(format!(
+                        "section `{}` of layer {layer}: {} bytes at offset {} for {} {:?} (a corrupt manifest; re-run `brook repack`)",
+                        s.name, s.size, s.offset, s.dtype, s.shape
+                    ))
+                };
+                let bytes = s
+                    .shape
+                    .iter()
+                    .try_fold(dtype.size() as u64, |acc, &d| acc.checked_mul(d as u64))
+                    .ok_or_else(bad)?;
+                let end = s.offset.checked_add(s.size).ok_or_else(bad)?;
+                // No expert of any model is near 4 GiB; past that a manifest is corrupt.
+                if bytes != s.size || end > MAX_BLOB {
+                    return Err(bad());
                 }
-                Ok((dtype, s.offset as usize..(s.offset + s.size) as usize))
+                Ok((dtype, s.offset as usize..end as usize))
             };
             let w = find(&format!("{proj}.weight")).ok_or_else(|| Error::MissingTensor {
                 name: label("weight"),

@@ -126,11 +126,12 @@ impl Container {
     /// Opens `dir`, checking the manifest, the dense file and every layer file's size.
     pub fn open(dir: &Path) -> Result<Self> {
         let mpath = dir.join("manifest.json");
-        let text = std::fs::read(&mpath).map_err(|e| Error::io(&mpath, e))?;
         let bad = |reason: String| Error::Json {
             path: mpath.clone(),
             reason: format!("{reason}; re-run `brook repack` to rebuild the container"),
         };
+        let text = crate::util::read_capped(&mpath, crate::util::MAX_INDEX)
+            .map_err(|e| Error::io(&mpath, e))?;
         let manifest: Manifest = serde_json::from_slice(&text)
             .map_err(|e| bad(format!("corrupt container manifest: {e}")))?;
         if manifest.format != FORMAT {
@@ -147,6 +148,23 @@ impl Container {
         }
         let config = ModelConfig::from_json(&manifest.config)?;
         let ex = &manifest.experts;
+        for name in [&manifest.dense.file]
+            .into_iter()
+            .chain(ex.layers.iter().map(|l| &l.file))
+            .chain(&manifest.copied_files)
+        {
+            if !crate::util::is_confined(name) {
+                return Err(bad(format!(
+                    "file name `{name}` points outside the container (absolute, `..` or empty)"
+                )));
+            }
+        }
+        if !ex.alignment.is_power_of_two() || ex.alignment > 1 << 20 {
+            return Err(bad(format!(
+                "expert alignment {} is not a power of two up to 1 MiB",
+                ex.alignment
+            )));
+        }
         if ex.num_experts != config.num_experts || ex.layers.len() != config.num_hidden_layers {
             return Err(bad(format!(
                 "manifest lists {} layers of {} experts, config says {} of {}",
@@ -173,8 +191,10 @@ impl Container {
         let mut layouts = Vec::with_capacity(ex.layers.len());
         for (l, info) in ex.layers.iter().enumerate() {
             let layout = ExpertLayout::from_sections(info.sections.clone(), &config, l, false)?;
-            if info.stride % ex.alignment.max(1) != 0
+            // Repack pads each blob to the next multiple of the alignment and no further.
+            if !info.stride.is_multiple_of(ex.alignment)
                 || info.stride < layout.blob_size
+                || info.stride - layout.blob_size >= ex.alignment
                 || info.blob_size != layout.blob_size
                 || info.xxh3.len() != ex.num_experts
             {
@@ -245,7 +265,7 @@ impl TensorSource for Container {
     }
     fn read_range(&self, name: &str, offset: u64, len: u64) -> Result<Vec<u8>> {
         let info = self.require(name)?;
-        if offset + len > info.len {
+        if offset.checked_add(len).is_none_or(|end| end > info.len) {
             return Err(Error::Invalid(format!(
                 "read past the end of tensor `{name}`"
             )));

@@ -71,7 +71,8 @@ impl<'a> RepackSource<'a> {
             if !p.is_file() {
                 return Ok(None);
             }
-            let bytes = std::fs::read(&p).map_err(|e| Error::io(&p, e))?;
+            let bytes = crate::util::read_capped(&p, crate::util::MAX_CONFIG)
+                .map_err(|e| Error::io(&p, e))?;
             serde_json::from_slice(&bytes)
                 .map(Some)
                 .map_err(|e| Error::Json {
@@ -255,7 +256,8 @@ fn prepare_output(
     }
     let state_path = out.join(STATE_FILE);
     if state_path.is_file() {
-        let text = std::fs::read(&state_path).map_err(|e| Error::io(&state_path, e))?;
+        let text = crate::util::read_capped(&state_path, crate::util::MAX_INDEX)
+            .map_err(|e| Error::io(&state_path, e))?;
         match serde_json::from_slice::<RepackState>(&text) {
             Ok(s)
                 if s.identity == *identity
@@ -307,7 +309,8 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
-    let bytes = std::fs::read(from).map_err(|e| Error::io(from, e))?;
+    let bytes = crate::util::read_capped(from, crate::util::MAX_TOKENIZER)
+        .map_err(|e| Error::io(from, e))?;
     write_atomic(to, &bytes)
 }
 

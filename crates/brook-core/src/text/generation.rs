@@ -67,10 +67,13 @@ impl GenerationConfig {
     /// Parses `generation_config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let text = std::fs::read_to_string(path).map_err(|source| TextError::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text =
+            crate::util::read_capped_string(path, crate::util::MAX_CONFIG).map_err(|source| {
+                TextError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         serde_json::from_str(&text).map_err(|source| TextError::Json {
             path: path.to_path_buf(),
             source,

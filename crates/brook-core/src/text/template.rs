@@ -108,10 +108,12 @@ impl ChatTemplate {
         let jinja = dir.join("chat_template.jinja");
         let json = dir.join("chat_template.json");
         let mut template = if jinja.is_file() {
-            let source = std::fs::read_to_string(&jinja).map_err(|source| TextError::Io {
-                path: jinja.clone(),
-                source,
-            })?;
+            let source = crate::util::read_capped_string(&jinja, crate::util::MAX_CONFIG).map_err(
+                |source| TextError::Io {
+                    path: jinja.clone(),
+                    source,
+                },
+            )?;
             Self::new(source)?
         } else if json.is_file() {
             match Self::from_config_value(&read_json(&json)?, &json)? {
@@ -273,9 +275,7 @@ fn check_depth(v: &Value, depth: usize) -> Result<(), Error> {
     if depth >= MAX_DEPTH {
         return Err(Error::new(
             ErrorKind::InvalidOperation,
-            format!(
-                "a value nests more than {MAX_DEPTH} levels deep (does it contain itself?)"
-            ),
+            format!("a value nests more than {MAX_DEPTH} levels deep (does it contain itself?)"),
         ));
     }
     let items: Vec<Value> = v.try_iter()?.collect();
@@ -318,10 +318,13 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
 }
 
 fn read_json(path: &PathBuf) -> Result<serde_json::Value> {
-    let text = std::fs::read_to_string(path).map_err(|source| TextError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text =
+        crate::util::read_capped_string(path, crate::util::MAX_TOKENIZER).map_err(|source| {
+            TextError::Io {
+                path: path.clone(),
+                source,
+            }
+        })?;
     serde_json::from_str(&text).map_err(|source| TextError::Json {
         path: path.clone(),
         source,

@@ -102,7 +102,8 @@ pub fn check(w: &LinearRef<'_>) -> Result<()> {
             if !dtype.is_float() {
                 return bad(format!("float weights of dtype {dtype}"));
             }
-            if data.len() < out * n * dtype.size() {
+            let need = out.checked_mul(n).and_then(|v| v.checked_mul(dtype.size()));
+            if need.is_none_or(|need| data.len() < need) {
                 return bad(format!("{} weight bytes, too few", data.len()));
             }
         }
@@ -126,11 +127,18 @@ pub fn check(w: &LinearRef<'_>) -> Result<()> {
             if !float.is_float() {
                 return bad(format!("scales of dtype {float}"));
             }
-            let sb = out * n / spec.group_size * float.size();
-            if packed.len() < out * quant::words_per_row(n, spec.bits) * 4
-                || scales.len() < sb
-                || biases.len() < sb
-            {
+            // Checked: the shape comes from a file, and a product that wrapped would let a
+            // short buffer through to kernels that index without bounds checks.
+            let sb = out
+                .checked_mul(n / spec.group_size)
+                .and_then(|v| v.checked_mul(float.size()));
+            let pb = quant::words_per_row(n, spec.bits)
+                .checked_mul(out)
+                .and_then(|v| v.checked_mul(4));
+            let (Some(sb), Some(pb)) = (sb, pb) else {
+                return bad("the shape's byte size overflows".into());
+            };
+            if packed.len() < pb || scales.len() < sb || biases.len() < sb {
                 return bad("packed weights, scales or biases are too short".into());
             }
         }
