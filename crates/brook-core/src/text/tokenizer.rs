@@ -72,11 +72,19 @@ impl Tokenizer {
     }
 
     fn from_bytes_named(json: &[u8], path: &Path) -> Result<Self> {
-        let inner =
-            tokenizers::Tokenizer::from_bytes(json).map_err(|e| TextError::TokenizerLoad {
-                path: path.to_path_buf(),
-                message: e.to_string(),
-            })?;
+        let load_error = |message: String| TextError::TokenizerLoad {
+            path: path.to_path_buf(),
+            message,
+        };
+        // The tokenizers crate panics on some malformed files (an `expect` while it reads a
+        // decoder; found by fuzzing): a bad file must be an error, not a crash.
+        let inner = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(json))
+            .map_err(|_| {
+                load_error(
+                    "the tokenizers library could not read this file (it failed inside); the file is malformed".into(),
+                )
+            })?
+            .map_err(|e| load_error(e.to_string()))?;
         let added = inner.get_added_tokens_decoder();
         let mut special_ids: Vec<u32> = added
             .iter()

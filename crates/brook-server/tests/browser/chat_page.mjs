@@ -48,6 +48,42 @@ try {
   assert.ok(md.lists.includes("<h1>Title</h1>") && md.lists.includes("<ul><li>one</li><li>two</li></ul>"), md.lists);
   assert.ok(md.lists.includes("<ol><li>first</li>") && md.lists.includes("<blockquote>"), md.lists);
   assert.ok(md.table.includes("<th>a</th>") && md.table.includes("&lt;i&gt;2"), md.table);
+
+  // Random documents from Markdown and HTML pieces (seeded, so a failure repeats): the output
+  // holds only the renderer's own tags and attributes, links only http(s), and no input makes
+  // the renderer slow (backtracking).
+  const fuzz = await page.evaluate(() => {
+    const pieces = ["<", ">", "&", '"', "'", "[", "](", ")", "javascript:", "http://x.org/", "https://y", "data:text/html,",
+      "*", "**", "_", "~~", "`", "```", "\n", "\n\n", "# ", "- ", "1. ", "> ", "|", "|---|", "<img src=x onerror=alert(1)>",
+      "<script>", "</script>", "<a href='javascript:1'>", "onmouseover=", "&#106;", "\\", "text", " ", "\t", "<!--", "-->"];
+    const tags = new Set(["A", "BLOCKQUOTE", "BR", "CODE", "DEL", "EM", "HR", "LI", "OL", "P", "PRE", "SPAN", "STRONG",
+      "TABLE", "TBODY", "TD", "TH", "THEAD", "TR", "UL", "H1", "H2", "H3", "H4", "H5", "H6"]);
+    const attrs = new Set(["href", "target", "rel", "class"]);
+    let seed = 12345;
+    const rnd = (n) => { seed = (seed * 1103515245 + 12345) % 2147483648; return seed % n; };
+    const bad = [];
+    let slowest = 0;
+    for (let i = 0; i < 3000 && bad.length < 5; i++) {
+      let doc = "";
+      for (let k = rnd(40); k >= 0; k--) doc += pieces[rnd(pieces.length)];
+      const t0 = performance.now();
+      const html = brookMarkdown(doc);
+      slowest = Math.max(slowest, performance.now() - t0);
+      const tpl = document.createElement("template");
+      tpl.innerHTML = html;
+      for (const el of tpl.content.querySelectorAll("*")) {
+        if (!tags.has(el.tagName)) bad.push(`tag ${el.tagName} from ${JSON.stringify(doc)}`);
+        for (const a of el.attributes) {
+          if (!attrs.has(a.name)) bad.push(`attribute ${a.name} from ${JSON.stringify(doc)}`);
+          if (a.name === "href" && !/^https?:\/\//i.test(a.value)) bad.push(`href ${a.value} from ${JSON.stringify(doc)}`);
+        }
+      }
+    }
+    return { bad, slowest };
+  });
+  assert.deepEqual(fuzz.bad, []);
+  assert.ok(fuzz.slowest < 200, `the renderer took ${fuzz.slowest} ms on one input`);
+  step(`markdown renderer: 3000 random documents, only its own tags; slowest ${fuzz.slowest.toFixed(1)} ms`);
   step("markdown renderer escapes HTML and renders blocks");
 
   await page.click("#settings-toggle");
