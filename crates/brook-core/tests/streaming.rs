@@ -186,15 +186,58 @@ fn a_layer_file_that_shrinks_or_disappears_gives_an_error_not_a_crash() {
         e.to_string().contains("layer-001.bin") || e.to_string().contains("shrank"),
         "{e}"
     );
-    // A fresh model on a container whose layer file is deleted mid-run.
+    // A container replaced on disk under a running model (`brook pull` of a new revision
+    // swaps the folder): the model keeps serving from its open files, the same logits.
     let c2 = dir.path().join("c2");
     container("qwen35-q8", &c2);
     let m = open(&c2, 3);
-    std::fs::remove_file(c2.join(layer_file(2))).expect("rm");
-    let e = m
+    let want = m
         .forward(&mut m.new_state(), &tokens, Logits::Last, None)
-        .expect_err("must fail");
-    assert!(e.to_string().contains("deleted"), "{e}");
+        .expect("healthy");
+    let moved = dir.path().join("c2-old");
+    std::fs::rename(&c2, &moved).expect("mv");
+    std::fs::remove_dir_all(&moved).expect("rm");
+    let got = m
+        .forward(&mut m.new_state(), &tokens, Logits::Last, None)
+        .expect("served from the open files");
+    assert_eq!(got, want);
+}
+
+#[test]
+fn an_expert_overwritten_in_place_is_an_error_when_reads_are_verified() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    container("qwen35-q8", &c);
+    let tokens = Reference::open("qwen35-q8").ids("tokens");
+    let opts = |verify: bool| OpenOptions {
+        expert_cache: Some(3),
+        verify_reads: verify,
+        ..Default::default()
+    };
+    let m = Model::open_with(&c, &opts(true)).expect("open");
+    let want = m
+        .forward(&mut m.new_state(), &tokens, Logits::Last, None)
+        .expect("healthy");
+    // Same size, same inode, other bytes: every expert of layer 0.
+    let path = c.join(layer_file(0));
+    let mut bytes = std::fs::read(&path).expect("read");
+    for b in bytes.iter_mut().step_by(97) {
+        *b ^= 0x5a;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, &bytes))
+        .expect("overwrite");
+    let e = Model::open_with(&c, &opts(true))
+        .and_then(|m| m.forward(&mut m.new_state(), &tokens, Logits::Last, None))
+        .expect_err("verified reads catch it");
+    assert!(e.to_string().contains("hash"), "{e}");
+    // Without verification the damage goes unseen (what the option is for).
+    let unverified = Model::open_with(&c, &opts(false))
+        .and_then(|m| m.forward(&mut m.new_state(), &tokens, Logits::Last, None))
+        .expect("reads");
+    assert_ne!(unverified, want);
 }
 
 /// A container's embedding table stays in its file: lookups read the same rows the resident

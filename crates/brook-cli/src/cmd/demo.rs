@@ -80,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
         gpu_memory_budget: None,
         threads: a.threads.into_iter().collect(),
         precision: "exact".into(),
+        verify_reads: false,
     };
     let llm = args.open()?;
     let model = &llm.model;

@@ -111,6 +111,11 @@ pub struct ModelArgs {
     /// agreement).
     #[arg(long, default_value = "exact", value_parser = ["exact", "split24", "fast"])]
     pub precision: String,
+    /// Check every expert read from disk against the container's hash of it (xxh3; a few
+    /// percent of one core at the disk's speed): a file changed in place or bad data from the
+    /// disk is an error instead of wrong answers.
+    #[arg(long)]
+    pub verify_reads: bool,
 }
 
 use brook_core::cpu::Precision;
@@ -160,6 +165,7 @@ impl ModelArgs {
                 e => Some(e.parse()?),
             },
             fill_cache: self.fill_cache,
+            verify_reads: self.verify_reads,
             precision: match self.precision.as_str() {
                 "split24" => Precision::Split24,
                 "fast" => Precision::Fast,

@@ -4,7 +4,13 @@
 //! At open each layer file is probed with an aligned direct read; where that is refused
 //! (tmpfs, some network filesystems) the store falls back to buffered reads followed by
 //! `posix_fadvise(DONTNEED)` so streamed experts do not fill the page cache. No expert data is
-//! ever mmapped. Files that shrink or disappear while open give an error naming the file.
+//! ever mmapped.
+//!
+//! The files stay open for the model's life, so a container replaced or deleted on disk (a
+//! `brook pull` of a newer revision swaps the folder) keeps serving the model that was opened,
+//! from its open files, and says so once in the log; a file cut short in place is an error
+//! naming it. With [`ExpertFiles::verifying`] every blob read is checked against its manifest
+//! hash, so one overwritten in place is an error too, not garbage weights.
 
 use std::fs::File;
 use std::os::fd::AsRawFd;
@@ -21,6 +27,9 @@ struct LayerFile {
     file: File,
     stride: u64,
     expected_len: u64,
+    /// Meaningful bytes of each blob and their xxh3 by expert, when reads are verified.
+    blob: usize,
+    hashes: Option<Vec<u64>>,
 }
 
 /// Open handles on every layer file of a container.
@@ -29,6 +38,8 @@ pub struct ExpertFiles {
     layers: Vec<LayerFile>,
     /// Whether reads bypass the page cache.
     pub direct: bool,
+    /// Set once the files were found replaced or deleted on disk (logged once).
+    replaced: std::sync::atomic::AtomicBool,
 }
 
 impl ExpertFiles {
@@ -61,6 +72,8 @@ impl ExpertFiles {
                 file,
                 stride: info.stride,
                 expected_len: info.stride * n,
+                blob: info.blob_size as usize,
+                hashes: None,
             });
         }
         if !direct {
@@ -69,7 +82,32 @@ impl ExpertFiles {
                 lf.file = File::open(&lf.path).map_err(|e| Error::io(&lf.path, e))?;
             }
         }
-        Ok(ExpertFiles { layers, direct })
+        Ok(ExpertFiles {
+            layers,
+            direct,
+            replaced: Default::default(),
+        })
+    }
+
+    /// Checks every later read against `c`'s manifest hashes when `on`.
+    pub fn verifying(mut self, c: &Container, on: bool) -> Result<Self> {
+        if !on {
+            return Ok(self);
+        }
+        for (lf, info) in self.layers.iter_mut().zip(&c.manifest.experts.layers) {
+            let hashes = info
+                .xxh3
+                .iter()
+                .map(|h| u64::from_str_radix(h, 16))
+                .collect::<std::result::Result<Vec<u64>, _>>()
+                .map_err(|_| Error::Checkpoint {
+                    path: lf.path.clone(),
+                    reason: "the manifest's expert hashes are not hex; re-run `brook repack`"
+                        .into(),
+                })?;
+            lf.hashes = Some(hashes);
+        }
+        Ok(self)
     }
 
     /// Reads expert `e` of `layer` into `buf` (one stride, page-aligned).
@@ -84,6 +122,17 @@ impl ExpertFiles {
                 Ok(k) => done += k,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(Error::io(&lf.path, e)),
+            }
+        }
+        if let Some(hashes) = &lf.hashes {
+            let got = xxhash_rust::xxh3::xxh3_64(&buf[..lf.blob.min(n)]);
+            if hashes.get(e) != Some(&got) {
+                return Err(Error::Checkpoint {
+                    path: lf.path.clone(),
+                    reason: format!(
+                        "expert {e} does not match its hash in the manifest (the file was changed in place, or the disk returned bad data); run `brook verify` and re-run `brook repack` or `brook pull`"
+                    ),
+                });
             }
         }
         if !self.direct {
@@ -104,8 +153,16 @@ impl ExpertFiles {
     pub fn check(&self, layer: usize) -> Result<()> {
         let lf = &self.layers[layer];
         let m = lf.file.metadata().map_err(|e| Error::io(&lf.path, e))?;
-        if m.nlink() == 0 {
-            return Err(self.vanished(lf, "was deleted"));
+        if m.nlink() == 0
+            && !self
+                .replaced
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            // Our open file is whole: keep reading it. The new files are for the next start.
+            tracing::warn!(
+                "{} was replaced or deleted on disk; brook keeps serving the model it opened, from its open files (restart to load the new one)",
+                lf.path.display()
+            );
         }
         if m.len() < lf.expected_len {
             return Err(self.vanished(lf, "shrank"));

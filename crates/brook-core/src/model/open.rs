@@ -58,6 +58,10 @@ pub struct OpenOptions {
     pub gpu_memory_budget: Option<u64>,
     /// Builds the engine of a backend brook-core does not contain ([`Backend::Cuda`]).
     pub engine: Option<crate::engine::EngineMaker>,
+    /// Check every expert read from disk against its hash in the container's manifest (an
+    /// xxh3 of each blob, a few percent of one core at the disk's speed): a file changed in
+    /// place or bad data from the disk is then an error instead of wrong answers.
+    pub verify_reads: bool,
 }
 
 /// The compute path.
@@ -88,6 +92,7 @@ impl Default for OpenOptions {
             precision: Default::default(),
             gpu_memory_budget: None,
             engine: None,
+            verify_reads: false,
         }
     }
 }
@@ -199,7 +204,7 @@ impl Model {
             let n = dense.tile();
             tracing::debug!("{n} dense matrices in 16-row tiles for the VNNI kernels");
         }
-        let store = ExpertFiles::open(&c)?;
+        let store = ExpertFiles::open(&c)?.verifying(&c, opts.verify_reads)?;
         let experts: Box<dyn crate::experts::source::ExpertSource> = if slots >= total {
             tracing::info!("budget holds every expert: loading all {total} resident");
             let cache = ExpertCache::new(
