@@ -355,17 +355,22 @@ fn write_origin(dir: &Path, origin: &Origin) -> Result<()> {
 /// Moves the finished `partial` to `dest`, replacing an older container there.
 fn install(partial: &Path, dest: &Path) -> Result<()> {
     if dest.exists() {
+        // One atomic exchange: a reader finds the old container or the new one, never none.
+        // (A running server keeps serving the old one from its open files.)
+        if crate::util::exchange(partial, dest).map_err(|e| Error::io(dest, e))? {
+            return std::fs::remove_dir_all(partial).map_err(|e| Error::io(partial, e));
+        }
         let mut old = dest.as_os_str().to_owned();
         old.push(format!(".old-{}", std::process::id()));
         let old = PathBuf::from(old);
-        std::fs::rename(dest, &old).map_err(|e| Error::io(dest, e))?;
-        std::fs::rename(partial, dest).map_err(|e| Error::io(dest, e))?;
+        crate::util::rename_durable(dest, &old).map_err(|e| Error::io(dest, e))?;
+        crate::util::rename_durable(partial, dest).map_err(|e| Error::io(dest, e))?;
         return std::fs::remove_dir_all(&old).map_err(|e| Error::io(&old, e));
     }
     if let Some(parent) = dest.parent() {
         std::fs::create_dir_all(parent).map_err(|e| Error::io(parent, e))?;
     }
-    std::fs::rename(partial, dest).map_err(|e| Error::io(dest, e))
+    crate::util::rename_durable(partial, dest).map_err(|e| Error::io(dest, e))
 }
 
 /// Bytes of every file under `dir` (symlinks not followed).

@@ -91,3 +91,92 @@ mod tests {
         assert!(e.to_string().contains("4096 bytes"), "{e}");
     }
 }
+
+/// Flushes a directory's entries (a rename or a new file in it) to disk, so a crash after the
+/// call cannot lose them. Errors are ignored: some filesystems cannot sync a directory.
+pub fn sync_dir(dir: &Path) {
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Renames `from` to `to` and makes the rename durable (the parent directory synced).
+pub fn rename_durable(from: &Path, to: &Path) -> std::io::Result<()> {
+    std::fs::rename(from, to)?;
+    if let Some(parent) = to.parent() {
+        sync_dir(parent);
+    }
+    Ok(())
+}
+
+/// Swaps two existing paths in one step (Linux `renameat2(RENAME_EXCHANGE)`), so no reader
+/// ever finds `b` missing; `Ok(false)` where the filesystem cannot (the caller falls back).
+pub fn exchange(a: &Path, b: &Path) -> std::io::Result<bool> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let c = |p: &Path| {
+        CString::new(p.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))
+    };
+    let (ca, cb) = (c(a)?, c(b)?);
+    // SAFETY: two valid NUL-terminated paths; the call only renames.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            ca.as_ptr(),
+            libc::AT_FDCWD,
+            cb.as_ptr(),
+            libc::RENAME_EXCHANGE,
+        )
+    };
+    if r == 0 {
+        if let Some(parent) = b.parent() {
+            sync_dir(parent);
+        }
+        return Ok(true);
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL | libc::ENOSYS | libc::EOPNOTSUPP) => Ok(false),
+        _ => Err(e),
+    }
+}
+
+/// Bytes free to this user on the filesystem holding `dir` (or its nearest existing parent).
+pub fn free_space(dir: &Path) -> std::io::Result<u64> {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    let mut at = dir;
+    while !at.exists() {
+        at = at.parent().unwrap_or(Path::new("/"));
+        if at.as_os_str().is_empty() {
+            at = Path::new(".");
+        }
+    }
+    let c = CString::new(at.as_os_str().as_bytes())
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "NUL in a path"))?;
+    // SAFETY: a zeroed statvfs is a valid out-parameter; `c` is NUL-terminated.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statvfs(c.as_ptr(), &mut s) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(s.f_bavail as u64 * s.f_frsize as u64)
+}
+
+/// Refuses to start writing `need` bytes into `dir` when its filesystem has less free (plus a
+/// margin of 64 MiB): better a clear error before than a full disk halfway through.
+pub fn ensure_free_space(dir: &Path, need: u64, what: &str) -> std::io::Result<()> {
+    const MARGIN: u64 = 64 << 20;
+    let free = free_space(dir)?;
+    if free < need.saturating_add(MARGIN) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::StorageFull,
+            format!(
+                "{what} needs {:.2} GB more but the disk has {:.2} GB free; free some space or choose a folder on another disk",
+                need as f64 / 1e9,
+                free as f64 / 1e9
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -221,6 +221,50 @@ fn repack_killed_at_any_point_resumes_to_an_identical_container() {
 }
 
 #[test]
+fn a_resumed_repack_redoes_files_its_state_lists_but_the_disk_lost() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let whole = dir.path().join("whole");
+    repack_to("next-mixed", &whole);
+    let want = snapshot(&whole);
+    let ck = Checkpoint::open(&fixture("next-mixed")).expect("open");
+    let src = RepackSource::from_checkpoint(&ck).expect("source");
+    let mut total_calls = 0;
+    repack(&src, &dir.path().join("count"), &mut |_| total_calls += 1).expect("repack");
+    // Killed during the last expert: the state lists the dense file and three layers done.
+    let out = dir.path().join("killed");
+    let mut calls = 0;
+    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        repack(&src, &out, &mut |_| {
+            calls += 1;
+            if calls == total_calls - 1 {
+                panic!("simulated kill");
+            }
+        })
+    }));
+    assert!(died.is_err());
+    // Damage what the state says is done: the dense file cut short, a layer file deleted.
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(out.join("dense.safetensors"))
+        .and_then(|f| f.set_len(10))
+        .expect("truncate");
+    let _ = std::fs::remove_file(out.join(layer_file(0)));
+    repack(&src, &out, &mut |_| {}).expect("resume");
+    assert_eq!(snapshot(&out), want);
+    Container::open(&out).expect("opens");
+}
+
+#[test]
+fn a_repack_that_cannot_fit_is_refused_before_writing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let e = brook_core::util::ensure_free_space(dir.path(), u64::MAX / 4, "the repack")
+        .expect_err("no disk is that large");
+    assert_eq!(e.kind(), std::io::ErrorKind::StorageFull);
+    assert!(e.to_string().contains("GB free"), "{e}");
+    brook_core::util::ensure_free_space(dir.path(), 1, "a byte").expect("a byte fits");
+}
+
+#[test]
 fn repack_refuses_foreign_folders() {
     let dir = tempfile::tempdir().expect("tmp");
     std::fs::write(dir.path().join("notes.txt"), "mine").expect("write");

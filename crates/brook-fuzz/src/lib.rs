@@ -40,7 +40,8 @@ fn fixtures() -> PathBuf {
 /// A scratch folder for targets that read files, shared by one process's runs.
 fn scratch() -> &'static Path {
     static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
-    DIR.get_or_init(|| tempfile::tempdir().expect("tempdir")).path()
+    DIR.get_or_init(|| tempfile::tempdir().expect("tempdir"))
+        .path()
 }
 
 /// A safetensors file: its header parsed and checked, then every tensor it describes read.
@@ -63,12 +64,14 @@ pub fn manifest(data: &[u8]) {
     let dir = DIR.get_or_init(|| {
         let out = scratch().join("container");
         let ck = brook_core::Checkpoint::open(&fixtures().join("next-q4")).expect("fixture");
-        let src = brook_core::container::repack::RepackSource::from_checkpoint(&ck)
-            .expect("source");
+        let src =
+            brook_core::container::repack::RepackSource::from_checkpoint(&ck).expect("source");
         brook_core::container::repack::repack(&src, &out, &mut |_| {}).expect("repack");
         Mutex::new(out)
     });
-    let dir = dir.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dir = dir
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     if std::fs::write(dir.join("manifest.json"), data).is_err() {
         return;
     }
@@ -129,7 +132,9 @@ pub fn template_source(data: &[u8]) {
             Message::new("user", "hi"),
             Message::new("assistant", "hello"),
         ];
-        let tools = [serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
+        let tools = [
+            serde_json::json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}),
+        ];
         let _ = t.render(&msgs, Some(&tools), true, &serde_json::Map::new());
     }
 }
@@ -218,7 +223,11 @@ pub fn text_stream(data: &[u8]) {
     for c in data.chunks_exact(4) {
         let raw = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
         // Mostly valid ids (what a model emits), sometimes any value.
-        let id = if raw >> 31 == 0 { raw % vocab.max(1) } else { raw };
+        let id = if raw >> 31 == 0 {
+            raw % vocab.max(1)
+        } else {
+            raw
+        };
         let _ = s.push(id);
     }
     let _ = s.finish();

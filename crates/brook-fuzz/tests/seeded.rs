@@ -42,10 +42,35 @@ impl Rng {
 
 /// Bytes that matter to these parsers, inserted or overwritten as a whole.
 const TOKENS: &[&[u8]] = &[
-    b"{", b"}", b"[", b"]", b"\"", b":", b",", b"null", b"-1", b"1e308", b"18446744073709551615",
-    b"4294967296", b"\"data_offsets\"", b"\"shape\"", b"\"dtype\":\"U32\"", b"{%", b"%}", b"{{",
-    b"}}", b"namespace(", b"range(", b"\\u0000", b"\xff\xfe", b"<think>", b"</tool_call>",
-    b"\"role\"", b"\"content\"", b"../", b"\"stride\":",
+    b"{",
+    b"}",
+    b"[",
+    b"]",
+    b"\"",
+    b":",
+    b",",
+    b"null",
+    b"-1",
+    b"1e308",
+    b"18446744073709551615",
+    b"4294967296",
+    b"\"data_offsets\"",
+    b"\"shape\"",
+    b"\"dtype\":\"U32\"",
+    b"{%",
+    b"%}",
+    b"{{",
+    b"}}",
+    b"namespace(",
+    b"range(",
+    b"\\u0000",
+    b"\xff\xfe",
+    b"<think>",
+    b"</tool_call>",
+    b"\"role\"",
+    b"\"content\"",
+    b"../",
+    b"\"stride\":",
 ];
 
 fn mutate(rng: &mut Rng, seeds: &[Vec<u8>]) -> Vec<u8> {
@@ -114,8 +139,9 @@ fn run(name: &str, target: fn(&[u8]), data: &[u8]) {
 }
 
 fn fxhash(d: &[u8]) -> u64 {
-    d.iter()
-        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    d.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    })
 }
 
 #[test]

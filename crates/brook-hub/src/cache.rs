@@ -124,7 +124,9 @@ impl RepoCache {
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = dir.join(format!(".{}.{n}.tmp", std::process::id()));
         std::fs::write(&tmp, commit).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+        sync_parent(&path);
+        Ok(())
     }
 
     /// Points `snapshots/{commit}/{file}` at `blobs/{etag}` by a relative link, replacing
@@ -149,7 +151,9 @@ impl RepoCache {
         ));
         let _ = std::fs::remove_file(&tmp);
         std::os::unix::fs::symlink(&target, &tmp).map_err(|e| Error::io(&tmp, e))?;
-        std::fs::rename(&tmp, &pointer).map_err(|e| Error::io(&pointer, e))
+        std::fs::rename(&tmp, &pointer).map_err(|e| Error::io(&pointer, e))?;
+        sync_parent(&pointer);
+        Ok(())
     }
 }
 
@@ -163,6 +167,14 @@ pub struct BlobLock {
 pub fn link_target(file: &str, etag: &str) -> PathBuf {
     let depth = file.matches('/').count();
     PathBuf::from(format!("{}blobs/{etag}", "../".repeat(depth + 2)))
+}
+
+/// Makes a rename into `path`'s folder durable (the folder's entries synced to disk); some
+/// filesystems cannot sync a folder, which is ignored.
+pub(crate) fn sync_parent(path: &Path) {
+    if let Some(d) = path.parent().and_then(|p| std::fs::File::open(p).ok()) {
+        let _ = d.sync_all();
+    }
 }
 
 #[cfg(test)]

@@ -175,6 +175,7 @@ impl Run<'_> {
             }
         }
         std::fs::rename(&part, &blob).map_err(|e| Error::io(&blob, e))?;
+        crate::cache::sync_parent(&blob);
         self.cache.link(commit, &f.path, f.etag())?;
         self.report(f, FileEvent::Done, f.size);
         Ok(())

@@ -164,6 +164,35 @@ pub fn repack(
         bytes_total: dense_bytes + expert_bytes,
         bytes_resumed: 0,
     };
+    // A resumed run trusts only the files it finds whole: a state file that lists a file
+    // missing or of another size (deleted, or cut short by a full disk) redoes that file.
+    let len_of = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
+    if let Some(d) = &state.dense
+        && len_of(&out.join(&d.file)) != Some(d.size)
+    {
+        tracing::warn!("{}: not as the repack state says; writing it again", d.file);
+        state.dense = None;
+    }
+    for (l, layout) in layouts.iter().enumerate() {
+        let size = stride(layout) * cfg.num_experts as u64;
+        if let Some(info) = &state.layers[l]
+            && (len_of(&out.join(&info.file)) != Some(size) || info.stride != stride(layout))
+        {
+            tracing::warn!(
+                "{}: not as the repack state says; writing it again",
+                info.file
+            );
+            state.layers[l] = None;
+        }
+    }
+    let left = state.dense.is_none().then_some(dense_bytes).unwrap_or(0)
+        + layouts
+            .iter()
+            .zip(&state.layers)
+            .filter(|(_, done)| done.is_none())
+            .map(|(l, _)| stride(l) * cfg.num_experts as u64)
+            .sum::<u64>();
+    crate::util::ensure_free_space(out, left, "the repack").map_err(|e| Error::io(out, e))?;
 
     if state.dense.is_none() {
         state.dense = Some(write_dense(src.store, &dense_names, out, &mut p, progress)?);
@@ -305,7 +334,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut f = File::create(&tmp).map_err(io)?;
     f.write_all(bytes).map_err(io)?;
     f.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io(path, e))
+    crate::util::rename_durable(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
 fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
@@ -321,9 +350,7 @@ fn partial(path: &Path) -> PathBuf {
 }
 
 fn sync_dir(dir: &Path) {
-    if let Ok(d) = File::open(dir) {
-        let _ = d.sync_all();
-    }
+    crate::util::sync_dir(dir);
 }
 
 fn write_dense(
@@ -365,7 +392,7 @@ fn write_dense(
     }
     let (file, hash, size) = w.finish().map_err(io)?;
     file.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    crate::util::rename_durable(&tmp, &path).map_err(|e| Error::io(&path, e))?;
     Ok(DenseInfo {
         file: "dense.safetensors".into(),
         size,
@@ -401,7 +428,7 @@ fn write_layer(
         progress(*p);
     }
     w.sync_all().map_err(io)?;
-    std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    crate::util::rename_durable(&tmp, &path).map_err(|e| Error::io(&path, e))?;
     Ok(LayerInfo {
         file,
         stride,
