@@ -64,10 +64,26 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            eprintln!("error: {}", message(&e));
             ExitCode::from(exit_code(&e))
         }
     }
+}
+
+/// The error and its causes, each cause left out when the text before already says it (brook's
+/// errors name their source in their own message: `path: No space left on device`).
+fn message(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if !out.contains(&text) {
+            if !out.is_empty() {
+                out.push_str(": ");
+            }
+            out.push_str(&text);
+        }
+    }
+    out
 }
 
 /// Exit status by error kind: 2 bad usage or input, 3 bad model files, 4 I/O, 5 network or

@@ -310,8 +310,17 @@ fn prepare_output(
             }
         }
     }
-    let mut entries = std::fs::read_dir(out).map_err(|e| Error::io(out, e))?;
-    if entries.next().is_some() {
+    // A run that died writing its first state file leaves at most that file's `.partial`.
+    let entries: Vec<PathBuf> = std::fs::read_dir(out)
+        .map_err(|e| Error::io(out, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .collect();
+    let own = |p: &PathBuf| p.is_file() && *p == partial(&state_path);
+    if entries.iter().all(own) {
+        for p in &entries {
+            let _ = std::fs::remove_file(p);
+        }
+    } else {
         return Err(Error::Checkpoint {
             path: out.to_path_buf(),
             reason: "is not empty and is not an unfinished brook repack; refusing to write into it"
@@ -331,9 +340,15 @@ fn save_state(out: &Path, s: &RepackState) -> Result<()> {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = partial(path);
     let io = |e| Error::io(&tmp, e);
-    let mut f = File::create(&tmp).map_err(io)?;
-    f.write_all(bytes).map_err(io)?;
-    f.sync_all().map_err(io)?;
+    let written = File::create(&tmp).and_then(|mut f| {
+        f.write_all(bytes)?;
+        f.sync_all()
+    });
+    if let Err(e) = written {
+        // A full disk leaves no half-written file behind.
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
     crate::util::rename_durable(&tmp, path).map_err(|e| Error::io(path, e))
 }
 
