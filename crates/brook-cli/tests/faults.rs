@@ -17,6 +17,16 @@ use std::time::Duration;
 
 use mock::{MockHub, MockRepo};
 
+/// `BROOK_FAULT_SCALE=N` runs N times the fault points and kills (the long form recorded in
+/// docs/HARDENING.md); 1 in `cargo test`.
+fn scale() -> usize {
+    std::env::var("BROOK_FAULT_SCALE")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1)
+}
+
 fn fixture() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/next-q4")
 }
@@ -121,8 +131,10 @@ fn full_disks_and_failing_writes_end_a_repack_cleanly_and_a_rerun_finishes_it() 
     let want = snapshot(&whole);
     let total: u64 = want.values().map(|v| v.0 as u64).sum();
     for (mode, what) in [("enospc", "No space left"), ("eio", "Input/output error")] {
-        for frac in [0.0, 0.01, 0.3, 0.6, 0.9, 0.99] {
-            let after = (total as f64 * frac) as u64;
+        let points = 6 * scale();
+        for i in 0..points {
+            // From the first byte to the last: 0, then spread over the whole run.
+            let after = total * i as u64 / points as u64 + (i as u64 % 7) * 1013;
             let out = home.path().join(format!("{mode}-{after}"));
             let o = repack(home.path(), &out, mode, after);
             let err = stderr(&o);
@@ -175,6 +187,23 @@ fn read_errors_while_a_model_runs_are_io_errors_not_crashes() {
         .arg(&c);
     let ok = run(clean);
     assert!(ok.status.success(), "{}", stderr(&ok));
+    // Short reads everywhere (files, experts): the same tokens.
+    let mut short = brook(home.path(), "shortread", 0);
+    short
+        .args([
+            "generate",
+            "--prompt-tokens",
+            "1,2,3",
+            "--max-tokens",
+            "4",
+            "--expert-cache",
+            "4",
+            "--model",
+        ])
+        .arg(&c);
+    let o = run(short);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(o.stdout, ok.stdout, "short reads changed the output");
     // The error lands in the manifest, the dense file, or an expert read mid-generation.
     for after in [0, 30_000, 400_000, 700_000, 900_000] {
         let mut g = brook(home.path(), "readeio", after);
@@ -224,7 +253,7 @@ fn kill_9_of_repack_and_pull_at_random_points_then_a_rerun_gives_the_same_contai
     // Each write slowed by 1 ms, so a run lasts long enough to be cut at many points.
     let out = home.path().join("killed");
     let mut x = 0x2545_f491u64;
-    for _ in 0..8 {
+    for _ in 0..8 * scale() {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);
@@ -257,7 +286,7 @@ fn kill_9_of_repack_and_pull_at_random_points_then_a_rerun_gives_the_same_contai
     let stored = |h: &Path| h.join("brook/models/mlx-community--next-q4");
     let want = snapshot(&stored(clean_home.path()));
     let killed_home = tempfile::tempdir().expect("tmp");
-    for _ in 0..8 {
+    for _ in 0..8 * scale() {
         x = x
             .wrapping_mul(6364136223846793005)
             .wrapping_add(1442695040888963407);

@@ -6,6 +6,7 @@
  *   BROOK_FAULT=eio     writes fail with EIO the same way
  *   BROOK_FAULT=short   every write and pwrite of more than one byte writes only half
  *   BROOK_FAULT=readeio reads fail with EIO once BROOK_FAULT_AFTER bytes were read
+ *   BROOK_FAULT=shortread every read and pread returns at most half of what was asked
  *   BROOK_FAULT=slow    every write sleeps BROOK_FAULT_AFTER microseconds first (so a test can
  *                       kill the process at a random point of a run that is otherwise quick)
  */
@@ -21,7 +22,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-enum { NONE, ENOSPC_W, EIO_W, SHORT_W, EIO_R, SLOW_W };
+enum { NONE, ENOSPC_W, EIO_W, SHORT_W, EIO_R, SLOW_W, SHORT_R };
 static int mode = NONE;
 static long long after = 0;
 static _Atomic long long written = 0, readn = 0;
@@ -35,6 +36,7 @@ __attribute__((constructor)) static void init(void) {
     else if (!strcmp(m, "short")) mode = SHORT_W;
     else if (!strcmp(m, "readeio")) mode = EIO_R;
     else if (!strcmp(m, "slow")) mode = SLOW_W;
+    else if (!strcmp(m, "shortread")) mode = SHORT_R;
     after = a ? atoll(a) : 0;
 }
 
@@ -46,7 +48,7 @@ static int regular(int fd) {
 
 /* 1 when this write must fail (errno set), else 0; may shorten *n. */
 static int write_fault(int fd, size_t *n) {
-    if (mode == NONE || mode == EIO_R || !regular(fd)) return 0;
+    if (mode == NONE || mode == EIO_R || mode == SHORT_R || !regular(fd)) return 0;
     if (mode == SLOW_W) {
         usleep((useconds_t)after);
         return 0;
@@ -67,6 +69,17 @@ static int write_fault(int fd, size_t *n) {
         return 1;
     }
     return 0;
+}
+
+/* Halves *n for BROOK_FAULT=shortread (whole 4 KiB blocks on O_DIRECT descriptors). */
+static void shorten_read(int fd, size_t *n) {
+    if (mode != SHORT_R || !regular(fd)) return;
+    if (fcntl(fd, F_GETFL) & O_DIRECT) {
+        size_t half = (*n / 2) & ~(size_t)4095;
+        if (half > 0) *n = half;
+    } else if (*n > 1) {
+        *n /= 2;
+    }
 }
 
 static int read_fault(int fd, size_t n) {
@@ -120,17 +133,20 @@ ssize_t writev(int fd, const struct iovec *iov, int cnt) {
 ssize_t read(int fd, void *buf, size_t n) {
     REAL(read, read_fn);
     if (read_fault(fd, n)) return -1;
+    shorten_read(fd, &n);
     return real_read(fd, buf, n);
 }
 
 ssize_t pread64(int fd, void *buf, size_t n, off_t off) {
     REAL(pread64, pread_fn);
     if (read_fault(fd, n)) return -1;
+    shorten_read(fd, &n);
     return real_pread64(fd, buf, n, off);
 }
 
 ssize_t pread(int fd, void *buf, size_t n, off_t off) {
     REAL(pread, pread_fn);
     if (read_fault(fd, n)) return -1;
+    shorten_read(fd, &n);
     return real_pread(fd, buf, n, off);
 }
