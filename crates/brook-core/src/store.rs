@@ -195,7 +195,14 @@ impl Store {
             source: checkpoint,
             into: &dest,
         });
-        repack(&src, &partial, &mut |p| events(StoreEvent::Repack(p)))?;
+        // A run killed between finishing the repack and moving it into place left a whole
+        // container here: install it. One of another source (the key is a hash) is redone.
+        if is_container(&partial) && !same_source(&partial, &src) {
+            std::fs::remove_dir_all(&partial).map_err(|e| Error::io(&partial, e))?;
+        }
+        if !is_container(&partial) {
+            repack(&src, &partial, &mut |p| events(StoreEvent::Repack(p)))?;
+        }
         write_origin(&partial, origin)?;
         install(&partial, &dest)?;
         // Whoever waits on this lock re-checks `dest` once it has it, so the file may go now.

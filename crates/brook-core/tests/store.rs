@@ -125,3 +125,43 @@ fn opening_one_checkpoint_from_several_places_at_once_repacks_it_once() {
     assert_eq!(repacks.into_inner(), 1);
     Container::open(&dirs[0]).expect("a working container");
 }
+
+/// A run killed after its repack finished but before the container moved into place leaves a
+/// whole container in the store's scratch folder: the next run installs it (it used to refuse
+/// "already holds a finished container" forever; found by the kill -9 fault test).
+#[test]
+fn a_finished_repack_left_in_scratch_is_installed_by_the_next_run() {
+    let home = tempfile::tempdir().expect("tempdir");
+    let store = Store::new(home.path());
+    let src = fixture("next-q4");
+    let dest = store
+        .resolve(src.to_str().expect("utf8"), &mut |_| {})
+        .expect("resolve");
+    let ck = brook_core::Checkpoint::open(&src).expect("checkpoint");
+    let rs = brook_core::container::repack::RepackSource::from_checkpoint(&ck).expect("source");
+    let key =
+        brook_core::container::hash_hex(&serde_json::to_vec(&rs.identity.files).expect("json"));
+    let folder = dest
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    let scratch = home
+        .path()
+        .join("models/.partial")
+        .join(format!("{folder}-{key}"));
+    std::fs::rename(&dest, &scratch).expect("move into scratch");
+    let mut repacked = false;
+    let again = store
+        .resolve(src.to_str().expect("utf8"), &mut |e| {
+            repacked |= matches!(e, StoreEvent::Repack(_));
+        })
+        .expect("the next run installs it");
+    assert_eq!(again, dest);
+    assert!(
+        !repacked,
+        "the finished container was repacked instead of installed"
+    );
+    assert!(!scratch.exists());
+    Container::open(&dest).expect("a working container");
+}
