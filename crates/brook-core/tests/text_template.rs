@@ -210,6 +210,15 @@ fn hostile_templates_end_in_errors_within_their_budget() {
             "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
         ),
         ("a huge range", "{% for i in range(10**12) %}{% endfor %}"),
+        // minijinja has no hook for these two; the render's child process ends instead.
+        (
+            "a namespace holding itself, joined",
+            "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{{ 'x' ~ ns }}",
+        ),
+        (
+            "a string doubled without end",
+            "{% set ns = namespace(s='x') %}{% for i in range(64) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}",
+        ),
     ] {
         let (r, took) = render(src);
         let e = r.expect_err(what);

@@ -13,6 +13,7 @@
 
 mod error;
 mod generation;
+mod isolate;
 mod message;
 mod pyjson;
 mod sampler;

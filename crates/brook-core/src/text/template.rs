@@ -236,11 +236,13 @@ impl ChatTemplate {
             .map_err(|e| TextError::TemplateSyntax {
                 message: format!("{e:#}"),
             })?;
-        let mut out = Capped(Vec::new());
-        tmpl.render_captured_to(ctx, &mut out)
-            .map_err(render_error)?;
-        String::from_utf8(out.0).map_err(|_| TextError::TemplateRender {
-            message: "the template wrote bytes that are not UTF-8".into(),
+        super::isolate::render(|| {
+            let mut out = Capped(Vec::new());
+            tmpl.render_captured_to(ctx, &mut out)
+                .map_err(render_error)?;
+            String::from_utf8(out.0).map_err(|_| TextError::TemplateRender {
+                message: "the template wrote bytes that are not UTF-8".into(),
+            })
         })
     }
 }
