@@ -19,7 +19,7 @@ fn get(addr: &str, path: &str) -> String {
         .expect("timeout");
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .expect("write");
     let mut out = String::new();
@@ -51,6 +51,19 @@ fn serve_prints_its_address_and_answers() {
         assert!(health.starts_with("HTTP/1.1 200"), "{health}");
         let models = get(&addr, "/v1/models");
         assert!(models.contains("\"id\":\"tiny\""), "{models}");
+        // Without --api-key a request for another host (DNS rebinding) is refused.
+        let mut s = TcpStream::connect(&addr).expect("connect");
+        write!(
+            s,
+            "GET /v1/models HTTP/1.1\r\nHost: evil.example\r\nConnection: close\r\n\r\n"
+        )
+        .expect("write");
+        let mut out = String::new();
+        s.read_to_string(&mut out).expect("read");
+        assert!(
+            out.starts_with("HTTP/1.1 403") && out.contains("host_not_allowed"),
+            "{out}"
+        );
     });
     child.kill().expect("kill");
     let _ = child.wait();
