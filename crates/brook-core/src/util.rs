@@ -81,6 +81,22 @@ mod tests {
     }
 
     #[test]
+    fn exchange_swaps_two_folders_in_one_step() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).expect("a");
+        std::fs::create_dir_all(&b).expect("b");
+        std::fs::write(a.join("which"), "a").expect("write");
+        std::fs::write(b.join("which"), "b").expect("write");
+        if exchange(&a, &b).expect("exchange") {
+            assert_eq!(std::fs::read_to_string(a.join("which")).expect("read"), "b");
+            assert_eq!(std::fs::read_to_string(b.join("which")).expect("read"), "a");
+        }
+        assert!(free_space(dir.path()).expect("statvfs") > 0);
+        assert!(free_space(&dir.path().join("not/yet")).expect("nearest parent") > 0);
+    }
+
+    #[test]
     fn a_file_over_the_cap_is_refused_unread() {
         let dir = tempfile::tempdir().expect("tmp");
         let p = dir.path().join("big.json");
