@@ -353,6 +353,37 @@ fn bench_json_reports_one_row_per_budget() {
         "{}",
         rows[1]
     );
+    // BROOK_SIMD runs a lower level's kernels on a higher machine, and the row says which.
+    let detected = rows[0]["simd"].as_str().expect("simd").to_string();
+    for (forced, want) in [("portable", "portable"), ("avx2", "avx2"), ("nonsense", "")] {
+        let out = brook()
+            .env("BROOK_SIMD", forced)
+            .args(["bench", "--model"])
+            .arg(&c)
+            .args([
+                "--memory-budget",
+                "400MiB",
+                "--context",
+                "256",
+                "-p",
+                "8",
+                "-n",
+                "2",
+            ])
+            .args(["-r", "1", "--disk-secs", "0.1", "--json"])
+            .output()
+            .expect("run");
+        succeeded(&out);
+        let row: serde_json::Value =
+            serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).expect("row");
+        let got = row["simd"].as_str().expect("simd");
+        let supported = detected != "portable" || forced == "portable";
+        if want.is_empty() {
+            assert_eq!(got, detected, "an unknown level is ignored");
+        } else if supported {
+            assert_eq!(got, want, "BROOK_SIMD={forced}");
+        }
+    }
     // A decode test deeper than the context is refused before loading, naming the fix.
     let out = brook()
         .args(["bench", "--model"])

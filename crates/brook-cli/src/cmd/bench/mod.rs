@@ -69,6 +69,9 @@ pub struct Row {
     /// `--precision` of the run (exact, split24, fast).
     #[serde(default)]
     pub precision: String,
+    /// The CPU kernels' SIMD level (`BROOK_SIMD` caps it) and whether AVX-512 VNNI is used.
+    #[serde(default)]
+    pub simd: String,
     pub prefetch: bool,
     /// Expert slots in use at the end of the run.
     pub expert_slots: Option<usize>,
@@ -524,6 +527,15 @@ fn run_one(a: &Args) -> Result<Row> {
         budget_bytes: opts.memory_budget,
         threads,
         precision: a.model.precision.clone(),
+        simd: {
+            use brook_core::cpu::kernels::simd::SimdLevel;
+            let l = SimdLevel::detect();
+            format!(
+                "{}{}",
+                l.name(),
+                if SimdLevel::has_vnni() { "+vnni" } else { "" }
+            )
+        },
         prefetch: model.prefetch && trace.is_none(),
         expert_slots: model
             .experts

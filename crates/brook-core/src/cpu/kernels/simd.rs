@@ -24,16 +24,47 @@ impl SimdLevel {
     /// Every level, slowest first.
     pub const ALL: [SimdLevel; 3] = [SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
 
-    /// The fastest level this CPU runs, detected on the first call and cached.
+    /// The fastest level this CPU runs, detected on the first call and cached; the
+    /// environment variable `BROOK_SIMD` (`portable`, `avx2`, `avx512`) caps it, so a machine
+    /// can run (and benchmark) the kernels of a lower level, as users' CPUs without AVX-512
+    /// do. The features of a higher level (VNNI, BF16) go with it.
     pub fn detect() -> SimdLevel {
         static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
         *LEVEL.get_or_init(|| {
-            Self::ALL
+            let best = Self::ALL
                 .into_iter()
                 .rev()
                 .find(|l| l.probe())
-                .unwrap_or(SimdLevel::Portable)
+                .unwrap_or(SimdLevel::Portable);
+            match std::env::var("BROOK_SIMD") {
+                Ok(want) if !want.is_empty() => match Self::from_name(&want) {
+                    Some(l) if l <= best => l,
+                    Some(l) => {
+                        tracing::warn!(
+                            "BROOK_SIMD={want}: this CPU has no {}; using {}",
+                            l.name(),
+                            best.name()
+                        );
+                        best
+                    }
+                    None => {
+                        tracing::warn!(
+                            "BROOK_SIMD={want} is not a level (portable, avx2, avx512); using {}",
+                            best.name()
+                        );
+                        best
+                    }
+                },
+                _ => best,
+            }
         })
+    }
+
+    /// The level named `name` (`portable`, `avx2`, `avx512`).
+    pub fn from_name(name: &str) -> Option<SimdLevel> {
+        Self::ALL
+            .into_iter()
+            .find(|l| l.name().eq_ignore_ascii_case(name.trim()))
     }
 
     /// Whether this CPU can run kernels of this level.
