@@ -34,10 +34,12 @@ use crate::worker::{Out, Ticket, Work};
 
 pub(crate) async fn chat_completions(
     State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<crate::transport::Peer>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match chat(app, headers, body).await {
+    let peer = peer.map(|axum::Extension(p)| p.0);
+    match chat(app, peer, headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -45,6 +47,7 @@ pub(crate) async fn chat_completions(
 
 async fn chat(
     app: Arc<App>,
+    peer: Option<std::net::SocketAddr>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
@@ -68,7 +71,7 @@ async fn chat(
         history: messages,
         last,
     };
-    let client = crate::client_of(req.user.as_deref());
+    let client = crate::client_of(req.cache_salt.as_deref(), req.user.as_deref(), peer);
     let ticket = app.queue.submit(reserved, client, work, opts);
     let meta = app.meta("chatcmpl");
     if req.stream == Some(true) {

@@ -25,10 +25,12 @@ use crate::worker::Work;
 
 pub(crate) async fn completions(
     State(app): State<Arc<App>>,
+    peer: Option<axum::Extension<crate::transport::Peer>>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> Response {
-    match complete(app, headers, body).await {
+    let peer = peer.map(|axum::Extension(p)| p.0);
+    match complete(app, peer, headers, body).await {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -36,6 +38,7 @@ pub(crate) async fn completions(
 
 async fn complete(
     app: Arc<App>,
+    peer: Option<std::net::SocketAddr>,
     headers: HeaderMap,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Response> {
@@ -55,7 +58,7 @@ async fn complete(
     } else {
         String::new()
     };
-    let client = crate::client_of(req.user.as_deref());
+    let client = crate::client_of(req.cache_salt.as_deref(), req.user.as_deref(), peer);
     let ticket = app.queue.submit(reserved, client, Work::Raw { ids }, opts);
     let meta = app.meta("cmpl");
     if req.stream == Some(true) {

@@ -136,12 +136,52 @@ impl App {
     }
 }
 
-/// Whose conversation a request continues, for the session's reuse: the `user` a request
-/// names, else everyone without one together (one person on loopback, the usual case).
-pub(crate) fn client_of(user: Option<&str>) -> String {
-    match user {
-        Some(u) => format!("user:{u}"),
-        None => String::new(),
+/// Whose conversation a request continues, for the session's reuse: vLLM's `cache_salt` or
+/// the `user` a request names; else the address it came from, unless that is this machine
+/// (everyone on loopback together: one person, the usual case). Requests of different
+/// clients never share kept state, so neither `cached_tokens` nor timings leak a prompt.
+pub(crate) fn client_of(
+    salt: Option<&str>,
+    user: Option<&str>,
+    peer: Option<std::net::SocketAddr>,
+) -> String {
+    match (salt, user, peer) {
+        (Some(s), _, _) => format!("salt:{s}"),
+        (None, Some(u), _) => format!("user:{u}"),
+        (None, None, Some(p)) if !p.ip().is_loopback() => format!("ip:{}", p.ip()),
+        _ => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn clients_are_told_apart_by_salt_user_or_remote_address() {
+        use super::client_of;
+        let lan = "192.168.1.7:5000".parse().ok();
+        let lan2 = "192.168.1.8:5000".parse().ok();
+        let lo = "127.0.0.1:5000".parse().ok();
+        assert_eq!(
+            client_of(None, None, lo),
+            client_of(None, None, "127.0.0.1:6000".parse().ok())
+        );
+        assert_ne!(client_of(None, None, lan), client_of(None, None, lan2));
+        assert_eq!(
+            client_of(None, None, lan),
+            client_of(None, None, "192.168.1.7:9".parse().ok())
+        );
+        assert_ne!(
+            client_of(None, Some("a"), lo),
+            client_of(None, Some("b"), lo)
+        );
+        assert_eq!(
+            client_of(None, Some("a"), lan),
+            client_of(None, Some("a"), lan2)
+        );
+        assert_ne!(
+            client_of(Some("s"), Some("a"), lo),
+            client_of(None, Some("a"), lo)
+        );
     }
 }
 

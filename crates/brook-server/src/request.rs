@@ -137,6 +137,8 @@ pub struct ChatRequest {
     pub response_format: Option<ResponseFormat>,
     pub logit_bias: Option<Map<String, Value>>,
     pub user: Option<String>,
+    /// vLLM's: requests share kept state (the prompt cache) only with the same salt.
+    pub cache_salt: Option<String>,
     // The sampling fields are listed flat (serde's `flatten` would lose the field paths).
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
@@ -197,6 +199,8 @@ pub struct CompletionRequest {
     pub suffix: Option<String>,
     pub logit_bias: Option<Map<String, Value>>,
     pub user: Option<String>,
+    /// vLLM's: requests share kept state (the prompt cache) only with the same salt.
+    pub cache_salt: Option<String>,
     pub temperature: Option<f64>,
     pub top_p: Option<f64>,
     pub top_k: Option<i64>,

@@ -37,6 +37,10 @@ use tokio::sync::Notify;
 use crate::App;
 use crate::error::ApiError;
 
+/// The address a request came from (a request extension set by the accept loop).
+#[derive(Debug, Clone, Copy)]
+pub struct Peer(pub std::net::SocketAddr);
+
 /// The connection limits of [`serve`](crate::serve).
 #[derive(Debug, Clone)]
 pub struct Limits {
@@ -112,8 +116,8 @@ pub(crate) async fn serve(
     let table: Shared = Arc::default();
     let accept = async {
         loop {
-            let stream = match listener.accept().await {
-                Ok((s, _)) => s,
+            let (stream, peer) = match listener.accept().await {
+                Ok(sp) => sp,
                 Err(e) => {
                     // Out of descriptors (EMFILE) or a connection reset before accept: keep
                     // serving the connections there are and try again shortly.
@@ -127,7 +131,7 @@ pub(crate) async fn serve(
                     let (router, table, timeout) =
                         (router.clone(), table.clone(), limits.header_timeout);
                     tokio::spawn(async move {
-                        run(stream, router, conn.clone(), timeout).await;
+                        run(stream, peer, router, conn.clone(), timeout).await;
                         lock(&table).live.remove(&id);
                     });
                 }
@@ -144,17 +148,25 @@ pub(crate) async fn serve(
 }
 
 /// Serves one connection until it ends or is told to close.
-async fn run(stream: TcpStream, router: Router, conn: Arc<Conn>, header_timeout: Duration) {
+async fn run(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    router: Router,
+    conn: Arc<Conn>,
+    header_timeout: Duration,
+) {
     let _ = stream.set_nodelay(true);
     let tracked = conn.clone();
-    let service = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-        let busy = Busy::new(tracked.clone());
-        let mut router = router.clone();
-        async move {
-            let resp = tower_service::Service::call(&mut router, req.map(Body::new)).await?;
-            Ok::<_, Infallible>(resp.map(|inner| Tracked { inner, _busy: busy }))
-        }
-    });
+    let service =
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            let busy = Busy::new(tracked.clone());
+            let mut router = router.clone();
+            req.extensions_mut().insert(Peer(peer));
+            async move {
+                let resp = tower_service::Service::call(&mut router, req.map(Body::new)).await?;
+                Ok::<_, Infallible>(resp.map(|inner| Tracked { inner, _busy: busy }))
+            }
+        });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
