@@ -132,6 +132,27 @@ fn bad_input_exits_with_a_message_not_a_panic() {
             2,
         ),
         (vec!["--prompt-tokens".into(), "".into()], "no token ids", 2),
+        // A context no machine holds is refused, not an overflow panic.
+        (
+            vec![
+                "--prompt-tokens".into(),
+                "1".into(),
+                "--context".into(),
+                u64::MAX.to_string(),
+            ],
+            "not a context length",
+            2,
+        ),
+        (
+            vec![
+                "--prompt-tokens".into(),
+                "1".into(),
+                "--context".into(),
+                "4000000000".into(),
+            ],
+            "not a context length",
+            2,
+        ),
     ];
     for (args, msg, code) in cases {
         let out = brook()

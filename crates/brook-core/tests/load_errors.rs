@@ -313,3 +313,25 @@ fn not_a_folder_and_no_weights_are_clear() {
     let e = open_err(dir.path());
     assert!(e.to_string().contains("no model*.safetensors"), "{e}");
 }
+
+#[test]
+fn a_context_or_chunk_out_of_range_is_refused_before_anything_is_sized() {
+    use brook_core::model::open::OpenOptions;
+    for (context, chunk, want) in [
+        (usize::MAX, 512, "context"),
+        (0, 512, "context"),
+        (4096, 0, "prefill chunk"),
+        (4096, usize::MAX, "prefill chunk"),
+    ] {
+        let opts = OpenOptions {
+            context,
+            prefill_chunk: chunk,
+            ..Default::default()
+        };
+        match Model::open_with(&fixture("next-q4"), &opts) {
+            Err(Error::Invalid(m)) => assert!(m.contains(want), "{m}"),
+            Err(e) => panic!("wrong error: {e}"),
+            Ok(_) => panic!("context {context} chunk {chunk} accepted"),
+        }
+    }
+}

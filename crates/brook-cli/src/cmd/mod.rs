@@ -74,7 +74,7 @@ pub struct ModelArgs {
     #[arg(long)]
     pub fill_cache: bool,
     /// Longest sequence (prompt + generation) to size the state for.
-    #[arg(long, default_value_t = 4096)]
+    #[arg(long, default_value_t = 4096, value_parser = parse_context)]
     pub context: usize,
     /// Prompt tokens computed together (llama.cpp's --ubatch-size): each streamed expert is
     /// read once per chunk, and larger chunks run the expert products more efficiently;
@@ -119,6 +119,16 @@ pub struct ModelArgs {
 }
 
 use brook_core::cpu::Precision;
+
+fn parse_context(s: &str) -> std::result::Result<usize, String> {
+    let max = brook_core::model::open::MAX_CONTEXT;
+    match s.parse::<usize>() {
+        Ok(n) if (1..=max).contains(&n) => Ok(n),
+        _ => Err(format!(
+            "`{s}` is not a context length: give a number of positions from 1 to {max}"
+        )),
+    }
+}
 
 fn parse_chunk(s: &str) -> std::result::Result<usize, String> {
     match s.parse::<usize>() {

@@ -103,6 +103,10 @@ impl Default for OpenOptions {
 /// token of budget.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Longest context a model is opened for: 16M positions, 64 times the longest these models
+/// were trained for; the state is sized from it, so a larger value only overflows.
+pub const MAX_CONTEXT: usize = 1 << 24;
+
 /// Bytes of per-sequence state and scratch for `context` tokens and prefill chunks of `chunk`.
 pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
     let full = cfg
@@ -135,6 +139,18 @@ impl Model {
     /// Opens a container (streaming experts as the budget requires) or an MLX checkpoint
     /// (every expert resident; repack it to stream).
     pub fn open_with(dir: &Path, opts: &OpenOptions) -> Result<Self> {
+        if opts.context == 0 || opts.context > MAX_CONTEXT {
+            return Err(Error::Invalid(format!(
+                "context {} is out of range: give 1 to {MAX_CONTEXT} positions (--context)",
+                opts.context
+            )));
+        }
+        if opts.prefill_chunk == 0 || opts.prefill_chunk > 1 << 16 {
+            return Err(Error::Invalid(format!(
+                "prefill chunk {} is out of range: give 1 to 65536 tokens (--prefill-chunk)",
+                opts.prefill_chunk
+            )));
+        }
         let baseline = budget::rss().0;
         if !container::is_container(dir) {
             let ck = Checkpoint::open(dir)?;
