@@ -322,10 +322,12 @@ fn a_context_or_chunk_out_of_range_is_refused_before_anything_is_sized() {
         (0, 512, "context"),
         (4096, 0, "prefill chunk"),
         (4096, usize::MAX, "prefill chunk"),
+        (4096, 512, "threads"),
     ] {
         let opts = OpenOptions {
             context,
             prefill_chunk: chunk,
+            threads: (want == "threads").then_some(100_000),
             ..Default::default()
         };
         match Model::open_with(&fixture("next-q4"), &opts) {

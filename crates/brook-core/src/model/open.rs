@@ -103,6 +103,10 @@ impl Default for OpenOptions {
 /// token of budget.
 pub const PREFILL_CHUNK: usize = 512;
 
+/// Most compute threads (each holds scratch sized by the model; more than the machine has
+/// cores only slows a pass down).
+pub const MAX_THREADS: usize = 1024;
+
 /// Longest context a model is opened for: 16M positions, 64 times the longest these models
 /// were trained for; the state is sized from it, so a larger value only overflows.
 pub const MAX_CONTEXT: usize = 1 << 24;
@@ -143,6 +147,13 @@ impl Model {
             return Err(Error::Invalid(format!(
                 "context {} is out of range: give 1 to {MAX_CONTEXT} positions (--context)",
                 opts.context
+            )));
+        }
+        if let Some(t) = opts.threads
+            && t > MAX_THREADS
+        {
+            return Err(Error::Invalid(format!(
+                "{t} threads is out of range: give 1 to {MAX_THREADS} (--threads; by default every core)"
             )));
         }
         if opts.prefill_chunk == 0 || opts.prefill_chunk > 1 << 16 {
