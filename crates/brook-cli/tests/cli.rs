@@ -412,7 +412,7 @@ fn bench_json_reports_one_row_per_budget() {
         .args(["--context", "64", "-p", "16", "-n", "8", "-d", "60"])
         .output()
         .expect("run");
-    assert!(!out.status.success());
+    assert_eq!(out.status.code(), Some(2), "bad input exits 2");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         err.contains("needs 69 positions") && err.contains("--context"),

@@ -179,10 +179,10 @@ pub struct GpuRow {
 pub fn run(a: Args) -> Result<()> {
     let longest = a.n_prompt.max(a.depth + a.n_gen + 1);
     if longest > a.model.context {
-        anyhow::bail!(
+        anyhow::bail!(brook_core::Error::Invalid(format!(
             "a test needs {longest} positions of context but --context is {}: raise --context to at least {longest}, or lower --depth, --n-gen or --n-prompt",
             a.model.context
-        );
+        )));
     }
     let budgets: Vec<Option<String>> = match &a.model.memory_budget {
         Some(b) => b.split(',').map(|s| Some(s.trim().to_string())).collect(),
