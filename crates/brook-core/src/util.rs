@@ -57,57 +57,6 @@ pub fn is_confined(name: &str) -> bool {
         && p.components().next().is_some()
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_outside_the_folder_are_refused() {
-        for ok in ["dense.safetensors", "experts/layer-000.bin", "a/b/c"] {
-            assert!(is_confined(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "/etc/passwd",
-            "../x",
-            "experts/../../x",
-            ".",
-            "./",
-            "a/./b/..",
-            "a\0b",
-        ] {
-            assert!(!is_confined(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn exchange_swaps_two_folders_in_one_step() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
-        std::fs::create_dir_all(&a).expect("a");
-        std::fs::create_dir_all(&b).expect("b");
-        std::fs::write(a.join("which"), "a").expect("write");
-        std::fs::write(b.join("which"), "b").expect("write");
-        if exchange(&a, &b).expect("exchange") {
-            assert_eq!(std::fs::read_to_string(a.join("which")).expect("read"), "b");
-            assert_eq!(std::fs::read_to_string(b.join("which")).expect("read"), "a");
-        }
-        assert!(free_space(dir.path()).expect("statvfs") > 0);
-        assert!(free_space(&dir.path().join("not/yet")).expect("nearest parent") > 0);
-    }
-
-    #[test]
-    fn a_file_over_the_cap_is_refused_unread() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let p = dir.path().join("big.json");
-        std::fs::write(&p, vec![b' '; 4096]).expect("write");
-        assert_eq!(read_capped(&p, 4096).expect("at the cap").len(), 4096);
-        let e = read_capped(&p, 4095).expect_err("over the cap");
-        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
-        assert!(e.to_string().contains("4096 bytes"), "{e}");
-    }
-}
-
 /// Flushes a directory's entries (a rename or a new file in it) to disk, so a crash after the
 /// call cannot lose them. Errors are ignored: some filesystems cannot sync a directory.
 pub fn sync_dir(dir: &Path) {
@@ -195,4 +144,55 @@ pub fn ensure_free_space(dir: &Path, need: u64, what: &str) -> std::io::Result<(
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_outside_the_folder_are_refused() {
+        for ok in ["dense.safetensors", "experts/layer-000.bin", "a/b/c"] {
+            assert!(is_confined(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "experts/../../x",
+            ".",
+            "./",
+            "a/./b/..",
+            "a\0b",
+        ] {
+            assert!(!is_confined(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn exchange_swaps_two_folders_in_one_step() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (a, b) = (dir.path().join("a"), dir.path().join("b"));
+        std::fs::create_dir_all(&a).expect("a");
+        std::fs::create_dir_all(&b).expect("b");
+        std::fs::write(a.join("which"), "a").expect("write");
+        std::fs::write(b.join("which"), "b").expect("write");
+        if exchange(&a, &b).expect("exchange") {
+            assert_eq!(std::fs::read_to_string(a.join("which")).expect("read"), "b");
+            assert_eq!(std::fs::read_to_string(b.join("which")).expect("read"), "a");
+        }
+        assert!(free_space(dir.path()).expect("statvfs") > 0);
+        assert!(free_space(&dir.path().join("not/yet")).expect("nearest parent") > 0);
+    }
+
+    #[test]
+    fn a_file_over_the_cap_is_refused_unread() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let p = dir.path().join("big.json");
+        std::fs::write(&p, vec![b' '; 4096]).expect("write");
+        assert_eq!(read_capped(&p, 4096).expect("at the cap").len(), 4096);
+        let e = read_capped(&p, 4095).expect_err("over the cap");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("4096 bytes"), "{e}");
+    }
 }

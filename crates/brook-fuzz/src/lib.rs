@@ -12,8 +12,11 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use brook_core::text::{ChatTemplate, Message, StreamOptions, TextStream, Tokenizer};
 
+/// A fuzz target: arbitrary bytes in, nothing out; it must return on every input.
+pub type Target = fn(&[u8]);
+
 /// Every target by name.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("safetensors", safetensors),
     ("manifest", manifest),
     ("config", config),

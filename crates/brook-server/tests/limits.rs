@@ -54,7 +54,7 @@ fn silent_slow_and_idle_connections_are_closed() {
     // Headers trickled and never finished (slowloris).
     let mut s = common::connect(server.addr);
     s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-A: 1\r\n")
-        .unwrap();
+        .expect("io");
     let (t, _) = time_to_close(s);
     assert!(t < Duration::from_secs(10), "unfinished headers: {t:?}");
 
@@ -63,7 +63,7 @@ fn silent_slow_and_idle_connections_are_closed() {
     s.write_all(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"messages\":",
     )
-    .unwrap();
+    .expect("io");
     let (t, out) = time_to_close(s);
     let text = String::from_utf8_lossy(&out);
     assert!(text.starts_with("HTTP/1.1 408"), "slow body: {text}");
@@ -73,7 +73,7 @@ fn silent_slow_and_idle_connections_are_closed() {
     // A keep-alive connection left idle after its answer.
     let mut s = common::connect(server.addr);
     s.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-        .unwrap();
+        .expect("io");
     let (t, out) = time_to_close(s);
     assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 200"));
     assert!(t < Duration::from_secs(10), "idle keep-alive: {t:?}");
@@ -106,7 +106,7 @@ fn the_connection_cap_closes_idle_sockets_first_and_refuses_only_when_all_are_bu
             s.write_all(
                 b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: 50\r\n\r\n{",
             )
-            .unwrap();
+            .expect("io");
             s
         })
         .collect();
@@ -159,9 +159,7 @@ fn without_a_key_only_loopback_hosts_are_served() {
     let mut config = brook_server::Config::new("chat-model");
     config.api_key = Some("k".into());
     let keyed = common::start(config);
-    let r = format!(
-        "GET /v1/models HTTP/1.1\r\nHost: models.example\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n"
-    );
+    let r = "GET /v1/models HTTP/1.1\r\nHost: models.example\r\nAuthorization: Bearer k\r\nConnection: close\r\n\r\n";
     assert_eq!(raw(keyed.addr, r.as_bytes()).status, 200);
 }
 
@@ -176,7 +174,7 @@ fn the_token_cap_and_the_deadline_hold() {
     let r = common::post_json(server.addr, CHAT, &body);
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["usage"]["completion_tokens"], 3);
-    body.as_object_mut().unwrap().remove("max_tokens");
+    body.as_object_mut().expect("object").remove("max_tokens");
     let r = common::post_json(server.addr, CHAT, &body);
     assert_eq!(r.json()["usage"]["completion_tokens"], 3);
 

@@ -39,7 +39,7 @@ fn open_files() -> u64 {
         libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim);
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }
 
 fn rss_kib() -> u64 {

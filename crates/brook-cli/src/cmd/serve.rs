@@ -171,5 +171,5 @@ fn raise_open_files() -> u64 {
             }
         }
     }
-    lim.rlim_cur as u64
+    lim.rlim_cur
 }

@@ -185,13 +185,16 @@ pub fn repack(
             state.layers[l] = None;
         }
     }
-    let left = state.dense.is_none().then_some(dense_bytes).unwrap_or(0)
-        + layouts
-            .iter()
-            .zip(&state.layers)
-            .filter(|(_, done)| done.is_none())
-            .map(|(l, _)| stride(l) * cfg.num_experts as u64)
-            .sum::<u64>();
+    let left = if state.dense.is_none() {
+        dense_bytes
+    } else {
+        0
+    } + layouts
+        .iter()
+        .zip(&state.layers)
+        .filter(|(_, done)| done.is_none())
+        .map(|(l, _)| stride(l) * cfg.num_experts as u64)
+        .sum::<u64>();
     crate::util::ensure_free_space(out, left, "the repack").map_err(|e| Error::io(out, e))?;
 
     if state.dense.is_none() {

@@ -8,7 +8,7 @@
 //! `chat_template.jinja` wins over `tokenizer_config.json`, and the list form picks
 //! `"tool_use"` when tools are given and it exists, else `"default"`. It must not tokenize.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use minijinja::value::Kwargs;
 use minijinja::{Environment, Error, ErrorKind, Value};
@@ -319,16 +319,16 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
-fn read_json(path: &PathBuf) -> Result<serde_json::Value> {
+fn read_json(path: &Path) -> Result<serde_json::Value> {
     let text =
         crate::util::read_capped_string(path, crate::util::MAX_TOKENIZER).map_err(|source| {
             TextError::Io {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 source,
             }
         })?;
     serde_json::from_str(&text).map_err(|source| TextError::Json {
-        path: path.clone(),
+        path: path.to_path_buf(),
         source,
     })
 }
