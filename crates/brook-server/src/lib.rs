@@ -91,6 +91,8 @@ pub(crate) struct App {
     pub queue: worker::Queue,
     /// Unix seconds at start (`created` of the model object).
     pub started: u64,
+    /// Request bodies in memory at once, in KiB ([`transport::read_body`]).
+    pub bodies: Arc<tokio::sync::Semaphore>,
     ids: AtomicU64,
     id_prefix: u64,
 }
@@ -209,6 +211,9 @@ pub fn router(llm: Arc<Llm>, config: Config) -> std::io::Result<Server> {
         config,
         queue,
         started: now(),
+        bodies: Arc::new(tokio::sync::Semaphore::new(transport::body_permits(
+            max_body,
+        ))),
         ids: AtomicU64::new(0),
         id_prefix: request::random_seed(),
     });

@@ -7,6 +7,10 @@
 //! - **Body timeout**: a request body must arrive whole within [`Limits::body_timeout`]
 //!   ([`read_body`], a middleware; 408 otherwise), and is refused early (413) when its declared
 //!   length or its bytes pass the body limit.
+//! - **Bodies in memory**: the bodies being received and handled at once hold at most four
+//!   times the body limit (64 MiB by default) between them, whatever the number of
+//!   connections; a body that cannot get its share within the body timeout gets 503
+//!   `server_busy`.
 //! - **Connection cap**: at most [`Limits::max_connections`] connections are served at once.
 //!   A new one over the cap closes the oldest connection that has no request in flight (a
 //!   socket opened and left silent, or idle between requests), so a flood of silent sockets
@@ -252,6 +256,13 @@ impl http_body::Body for Tracked {
     }
 }
 
+/// KiB of request bodies the server holds at once: four bodies at the limit.
+pub(crate) fn body_permits(max_body: usize) -> usize {
+    (max_body.div_ceil(1024).max(1))
+        .saturating_mul(4)
+        .min(tokio::sync::Semaphore::MAX_PERMITS)
+}
+
 /// Middleware: reads the whole request body under the body limit and the body deadline
 /// before the handler runs, so no handler waits on a slow client.
 pub(crate) async fn read_body(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
@@ -273,9 +284,34 @@ pub(crate) async fn read_body(State(app): State<Arc<App>>, req: Request, next: N
     if declared.is_some_and(|n| n > limit as u64) {
         return too_large();
     }
+    let timeout = app.config.transport.body_timeout;
+    // Its share of the bodies in memory: what it declares, or the whole limit when it does
+    // not say (chunked). Held until the handler has answered (it parses the body).
+    // A request with neither a length nor a transfer encoding has no body (HTTP/1.1).
+    let chunked = req.headers().contains_key(header::TRANSFER_ENCODING);
+    let size = match declared {
+        Some(n) => n,
+        None if chunked => limit as u64,
+        None => 0,
+    };
+    let kib = size.div_ceil(1024);
+    let want = u32::try_from(kib)
+        .unwrap_or(u32::MAX)
+        .min(body_permits(limit) as u32);
+    let share = app.bodies.clone().acquire_many_owned(want);
+    let _share = match tokio::time::timeout(timeout, share).await {
+        Ok(Ok(p)) => p,
+        _ => {
+            return ApiError::status(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "the server is receiving too many large request bodies at once; retry shortly",
+            )
+            .with_code("server_busy")
+            .into_response();
+        }
+    };
     let (parts, body) = req.into_parts();
     let read = http_body_util::Limited::new(body, limit).collect();
-    let timeout = app.config.transport.body_timeout;
     match tokio::time::timeout(timeout, read).await {
         Err(_) => ApiError::status(
             StatusCode::REQUEST_TIMEOUT,

@@ -253,3 +253,48 @@ fn kept_state_is_reused_only_for_the_same_client_and_timings_can_be_hidden() {
     assert!(!events.is_empty());
     assert!(events.iter().all(|e| !e.contains("timings")), "{events:?}");
 }
+
+#[test]
+fn bodies_in_memory_are_bounded_whatever_the_connections() {
+    let _g = common::exclusive();
+    let mut config = brook_server::Config::new("chat-model");
+    config.max_body = 64 << 10; // room for four such bodies at once
+    config.transport.body_timeout = Duration::from_secs(4);
+    let server = common::start(config);
+    // Four uploads that declare the whole limit and stall take all the room.
+    let stalled: Vec<TcpStream> = (0..4)
+        .map(|_| {
+            let mut s = common::connect(server.addr);
+            s.write_all(
+                format!("POST {CHAT} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{{", 64 << 10)
+                    .as_bytes(),
+            )
+            .expect("io");
+            s
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // Requests without a body are not held up.
+    let t = Instant::now();
+    assert_eq!(common::get(server.addr, "/health").status, 200);
+    assert!(t.elapsed() < Duration::from_secs(1));
+    // A fifth body waits for room: it is read only once the stalled ones time out.
+    let t = Instant::now();
+    let r = common::request(
+        server.addr,
+        "POST",
+        CHAT,
+        &[("Content-Type", "application/json")],
+        &vec![b' '; 64 << 10],
+    );
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        t.elapsed() > Duration::from_secs(2),
+        "the fifth body was read at once ({:?}): the room is not bounded",
+        t.elapsed()
+    );
+    for s in stalled {
+        let (_, out) = time_to_close(s);
+        assert!(String::from_utf8_lossy(&out).starts_with("HTTP/1.1 408"));
+    }
+}
