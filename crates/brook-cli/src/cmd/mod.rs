@@ -90,8 +90,8 @@ pub struct ModelArgs {
     /// Which expert a full streaming cache gives up: `lru` (the least recently used), `lfu`
     /// (the least often used, then the least recent; brook's rule before 2026-12-03),
     /// `reuse` (the least likely to be asked for at its layer's next turn, learned while
-    /// running) or `auto` (LFU below one token's experts, reuse from one and a half to four
-    /// tokens' worth, LRU elsewhere).
+    /// running; on realistic routing it read less than LRU, docs/BENCH.md) or `auto` (LRU
+    /// when the cache holds at least one token's experts, else LFU).
     #[arg(long, default_value = "auto", value_parser = ["auto", "lru", "lfu", "reuse"])]
     pub cache_eviction: String,
     /// Compute backend.

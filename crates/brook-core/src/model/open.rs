@@ -45,8 +45,7 @@ pub struct OpenOptions {
     /// Which expert a full streaming cache gives up ([`crate::experts::Eviction`]); `None`
     /// picks by the slots the budget pays for ([`auto_eviction`]): LFU below one token's
     /// experts (top-k x layers; under LRU such a cache evicts each expert just before it is
-    /// asked for again), the learned reuse rule from one and a half to four tokens' worth,
-    /// LRU elsewhere.
+    /// asked for again), LRU otherwise.
     pub eviction: Option<crate::experts::Eviction>,
     /// Which forward pass runs.
     pub backend: Backend,
@@ -320,18 +319,15 @@ impl crate::experts::source::ExpertSource for ResidentCache {
 
 /// The eviction rule `--cache-eviction auto` takes for a cache of up to `slots` slots when a
 /// token asks for `per_token` experts: below one token's worth least-frequently-used (LRU
-/// there evicts each expert just before its layer asks again); from one and a half to four
-/// tokens' worth the learned reuse rule, which on realistic routing decoded 5-14 % faster
-/// than LRU in the real cache (35B at 2.5 and 3 GiB, 80B at 3 and 4 GiB, 1.7-3.0 tokens'
-/// worth; docs/bench/2026-12-04.md, "Reuse against LRU after the fix"); elsewhere
-/// least-recently-used (near one token's worth reuse, still unlearned, hit 0.403 against
-/// LRU's 0.424 in the routing test; from four tokens' worth the two are level).
+/// there evicts each expert just before its layer asks again), otherwise least-recently-used.
+/// The learned reuse rule decoded 5-14 % faster than LRU on realistic traces replayed
+/// through the bench (prefetch off), but 10-12 % slower on the routers with prefetch on at
+/// equal hit rates (docs/bench/2026-12-04.md, "Reuse against LRU after the fix"), so it stays
+/// a choice (`--cache-eviction reuse`) until that is understood.
 pub fn auto_eviction(slots: usize, per_token: usize) -> crate::experts::Eviction {
     use crate::experts::Eviction;
     if slots < per_token {
         Eviction::Lfu
-    } else if slots >= per_token * 3 / 2 && slots < 4 * per_token {
-        Eviction::Reuse
     } else {
         Eviction::Lru
     }
