@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::sampler::SamplingParams;
-use super::{Result, TextError};
+use super::Result;
 
 /// The fields of `generation_config.json` brook uses; all optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -66,18 +66,7 @@ pub fn eos_ids_from_value(v: &serde_json::Value) -> std::result::Result<Vec<u32>
 impl GenerationConfig {
     /// Parses `generation_config.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
-        let path = path.as_ref();
-        let text =
-            crate::util::read_capped_string(path, crate::util::MAX_CONFIG).map_err(|source| {
-                TextError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
-        serde_json::from_str(&text).map_err(|source| TextError::Json {
-            path: path.to_path_buf(),
-            source,
-        })
+        super::read_json(path.as_ref(), crate::util::MAX_CONFIG)
     }
 
     /// `model_dir/generation_config.json`, or `Ok(None)` when the checkpoint has none.

@@ -31,3 +31,31 @@ pub use stream::{StopReason, StreamEvent, StreamOptions, TextStream, prompt_open
 pub use template::ChatTemplate;
 pub use tokenizer::Tokenizer;
 pub use tool_parse::{ToolCall, ToolSchemas};
+
+use std::path::Path;
+
+/// A file of a checkpoint read whole, refused above `max` bytes
+/// ([`crate::util::read_capped`]); an error names the file.
+pub(crate) fn read_file(path: &Path, max: u64) -> Result<Vec<u8>> {
+    crate::util::read_capped(path, max).map_err(io_error(path))
+}
+
+/// [`read_file`] as UTF-8 text.
+pub(crate) fn read_text(path: &Path, max: u64) -> Result<String> {
+    crate::util::read_capped_string(path, max).map_err(io_error(path))
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> TextError + '_ {
+    move |source| TextError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// [`read_file`] parsed as JSON.
+pub(crate) fn read_json<T: serde::de::DeserializeOwned>(path: &Path, max: u64) -> Result<T> {
+    serde_json::from_slice(&read_file(path, max)?).map_err(|source| TextError::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}

@@ -108,12 +108,7 @@ impl ChatTemplate {
         let jinja = dir.join("chat_template.jinja");
         let json = dir.join("chat_template.json");
         let mut template = if jinja.is_file() {
-            let source = crate::util::read_capped_string(&jinja, crate::util::MAX_CONFIG).map_err(
-                |source| TextError::Io {
-                    path: jinja.clone(),
-                    source,
-                },
-            )?;
+            let source = super::read_text(&jinja, crate::util::MAX_CONFIG)?;
             Self::new(source)?
         } else if json.is_file() {
             match Self::from_config_value(&read_json(&json)?, &json)? {
@@ -319,18 +314,10 @@ fn token_string(v: Option<&serde_json::Value>) -> Option<String> {
     }
 }
 
+/// tokenizer_config.json or chat_template.json (a tokenizer config carries its added tokens,
+/// so it gets the tokenizer's cap).
 fn read_json(path: &Path) -> Result<serde_json::Value> {
-    let text =
-        crate::util::read_capped_string(path, crate::util::MAX_TOKENIZER).map_err(|source| {
-            TextError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
-    serde_json::from_str(&text).map_err(|source| TextError::Json {
-        path: path.to_path_buf(),
-        source,
-    })
+    super::read_json(path, crate::util::MAX_TOKENIZER)
 }
 
 /// The environment transformers builds, as far as templates can tell.

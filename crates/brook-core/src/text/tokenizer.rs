@@ -45,13 +45,7 @@ impl Tokenizer {
     /// Loads a Hugging Face `tokenizer.json`.
     pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref();
-        let bytes =
-            crate::util::read_capped(path, crate::util::MAX_TOKENIZER).map_err(|source| {
-                TextError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
+        let bytes = super::read_file(path, crate::util::MAX_TOKENIZER)?;
         Self::from_bytes_named(&bytes, path)
     }
 
