@@ -116,6 +116,15 @@ fn repack(home: &Path, out: &Path, mode: &str, after: u64) -> Output {
     run(c)
 }
 
+/// Four greedy tokens from container `c` through 4 expert slots, under the fault `mode`.
+fn generate(home: &Path, c: &Path, mode: &str, after: u64) -> Output {
+    let mut g = brook(home, mode, after);
+    g.args(["generate", "--prompt-tokens", "1,2,3", "--max-tokens", "4"])
+        .args(["--expert-cache", "4", "--model"])
+        .arg(c);
+    run(g)
+}
+
 fn verified(home: &Path, c: &Path) {
     let mut v = brook(home, "", 0);
     v.arg("verify").arg(c);
@@ -172,53 +181,15 @@ fn read_errors_while_a_model_runs_are_io_errors_not_crashes() {
     let home = tempfile::tempdir().expect("tmp");
     let c = home.path().join("c");
     assert!(repack(home.path(), &c, "", 0).status.success());
-    let mut clean = brook(home.path(), "", 0);
-    clean
-        .args([
-            "generate",
-            "--prompt-tokens",
-            "1,2,3",
-            "--max-tokens",
-            "4",
-            "--expert-cache",
-            "4",
-            "--model",
-        ])
-        .arg(&c);
-    let ok = run(clean);
+    let ok = generate(home.path(), &c, "", 0);
     assert!(ok.status.success(), "{}", stderr(&ok));
     // Short reads everywhere (files, experts): the same tokens.
-    let mut short = brook(home.path(), "shortread", 0);
-    short
-        .args([
-            "generate",
-            "--prompt-tokens",
-            "1,2,3",
-            "--max-tokens",
-            "4",
-            "--expert-cache",
-            "4",
-            "--model",
-        ])
-        .arg(&c);
-    let o = run(short);
+    let o = generate(home.path(), &c, "shortread", 0);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(o.stdout, ok.stdout, "short reads changed the output");
     // The error lands in the manifest, the dense file, or an expert read mid-generation.
     for after in [0, 30_000, 400_000, 700_000, 900_000] {
-        let mut g = brook(home.path(), "readeio", after);
-        g.args([
-            "generate",
-            "--prompt-tokens",
-            "1,2,3",
-            "--max-tokens",
-            "4",
-            "--expert-cache",
-            "4",
-            "--model",
-        ])
-        .arg(&c);
-        let o = run(g);
+        let o = generate(home.path(), &c, "readeio", after);
         let err = stderr(&o);
         if o.status.success() {
             continue; // the run read less than that

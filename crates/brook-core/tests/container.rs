@@ -172,6 +172,21 @@ fn truncated_layer_file_and_corrupt_manifest_fail_at_open() {
     }
 }
 
+/// Repacks `src` into `out` and "kills" the run (a panic) at its `kill_after`-th progress
+/// report; whether that point was reached.
+fn repack_killed(src: &RepackSource<'_>, out: &Path, kill_after: usize) -> bool {
+    let mut calls = 0;
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        repack(src, out, &mut |_| {
+            calls += 1;
+            if calls == kill_after {
+                panic!("simulated kill");
+            }
+        })
+    }))
+    .is_err()
+}
+
 #[test]
 fn repack_killed_at_any_point_resumes_to_an_identical_container() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -196,16 +211,10 @@ fn repack_killed_at_any_point_resumes_to_an_identical_container() {
     ];
     for kill_after in points {
         let out = dir.path().join(format!("killed-{kill_after}"));
-        let mut calls = 0;
-        let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            repack(&src, &out, &mut |_| {
-                calls += 1;
-                if calls == kill_after {
-                    panic!("simulated kill");
-                }
-            })
-        }));
-        assert!(died.is_err(), "kill point {kill_after} not reached");
+        assert!(
+            repack_killed(&src, &out, kill_after),
+            "kill point {kill_after} not reached"
+        );
         assert!(!out.join("manifest.json").exists());
         assert!(
             Container::open(&out).is_err(),
@@ -232,16 +241,7 @@ fn a_resumed_repack_redoes_files_its_state_lists_but_the_disk_lost() {
     repack(&src, &dir.path().join("count"), &mut |_| total_calls += 1).expect("repack");
     // Killed during the last expert: the state lists the dense file and three layers done.
     let out = dir.path().join("killed");
-    let mut calls = 0;
-    let died = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        repack(&src, &out, &mut |_| {
-            calls += 1;
-            if calls == total_calls - 1 {
-                panic!("simulated kill");
-            }
-        })
-    }));
-    assert!(died.is_err());
+    assert!(repack_killed(&src, &out, total_calls - 1));
     // Damage what the state says is done: the dense file cut short, a layer file deleted.
     std::fs::OpenOptions::new()
         .write(true)

@@ -10,8 +10,8 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use super::sampler::SamplingParams;
 use super::Result;
+use super::sampler::SamplingParams;
 
 /// The fields of `generation_config.json` brook uses; all optional.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
