@@ -79,7 +79,8 @@ impl Slot {
     }
 }
 
-/// Gives the slot back when the job is dropped.
+/// Gives the slot back when dropped: with the job, or with a reservation never submitted.
+#[derive(Debug)]
 struct SlotGuard(Arc<Slot>);
 
 impl Drop for SlotGuard {
@@ -156,10 +157,10 @@ impl Queue {
         if admitted.is_err() {
             return None;
         }
-        Some(Reservation(Arc::new(Slot {
+        Some(Reservation(SlotGuard(Arc::new(Slot {
             admitted: self.admitted.clone(),
             held: AtomicBool::new(true),
-        })))
+        }))))
     }
 
     /// Queues a job for `client` in the place `reserved`.
@@ -170,7 +171,7 @@ impl Queue {
         work: Work,
         mut opts: GenOptions,
     ) -> Ticket {
-        let slot = reserved.0.clone();
+        let slot = reserved.0.0.clone();
         let cancel = CancelToken::new();
         opts.cancel = Some(cancel.clone());
         let (tx, rx) = mpsc::unbounded_channel();
@@ -181,7 +182,7 @@ impl Queue {
             cancel: cancel.clone(),
             tx,
             queued_at: Instant::now(),
-            _slot: SlotGuard(slot.clone()),
+            _slot: reserved.0,
         };
         // A send fails only if the worker thread died; the job's events channel then closes
         // and the handler answers 500.
@@ -196,17 +197,8 @@ impl Queue {
 
 /// A place in the queue taken before the job is ready to submit.
 #[derive(Debug)]
-pub struct Reservation(Arc<Slot>);
-
-impl Drop for Reservation {
-    fn drop(&mut self) {
-        // Submitted, the job's own guard holds the place (this one is a second handle);
-        // dropped unused, the place is free again.
-        if Arc::strong_count(&self.0) == 1 {
-            self.0.release();
-        }
-    }
-}
+/// Dropped unused, the place is free again; submitted, the job holds it.
+pub struct Reservation(SlotGuard);
 
 fn worker_loop(llm: Arc<Llm>, rx: std::sync::mpsc::Receiver<Job>) {
     let mut session = llm.session();
