@@ -376,7 +376,20 @@ fn bench_json_reports_one_row_per_budget() {
     );
     // BROOK_SIMD runs a lower level's kernels on a higher machine, and the row says which.
     let detected = rows[0]["simd"].as_str().expect("simd").to_string();
-    for (forced, want) in [("portable", "portable"), ("avx2", "avx2"), ("nonsense", "")] {
+    let cpu_has = |f: &str| {
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|c| c.split_whitespace().any(|w| w == f))
+    };
+    let vnni2 = if cpu_has("avx_vnni") {
+        "avx2+avxvnni"
+    } else {
+        "avx2"
+    };
+    for (forced, want) in [
+        ("portable", "portable"),
+        ("avx2", "avx2"),
+        ("avx2vnni", vnni2),
+        ("nonsense", ""),
+    ] {
         let out = brook()
             .env("BROOK_SIMD", forced)
             .args(["bench", "--model"])

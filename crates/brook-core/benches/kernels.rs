@@ -179,7 +179,8 @@ fn matvec(c: &mut Criterion) {
         let x = rng.vec(w.in_features, 1.0);
         let mut y = vec![0.0; w.out_features];
         let mut xp = XPrep::new();
-        let split = name.starts_with("q4") && SimdLevel::has_vnni();
+        // The integer kernels' precisions: AVX-512 VNNI's tiles, or AVX2's rows.
+        let split = name.starts_with("q4") && (SimdLevel::has_vnni() || level == SimdLevel::Avx2);
         for &t in threads {
             let pool = CpuPool::new(t);
             for (p, pname) in [

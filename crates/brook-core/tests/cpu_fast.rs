@@ -16,44 +16,44 @@ use brook_core::cpu::{
 use brook_core::dtype::DType;
 use brook_core::{Logits, Model, Stage};
 use common::bounds::bounds;
-use common::{MODELS, Reference, argmax, fixture, rel_l2};
+use common::{MODELS, Reference, argmax, fixture, int_kernels, prepare_int, rel_l2};
 
 #[test]
 fn fast_matvec_stays_within_the_int8_rounding_bound() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
     let mut rng = Rng::new(11);
     let mut xp = XPrep::new();
     let mut worst = 0.0f32;
-    for group in [32, 64, 128] {
-        for float in [DType::BF16, DType::F16, DType::F32] {
-            for (out, inp) in [(7, 128), (33, 2048), (5, 96.max(group)), (1001, 512)] {
-                let inp = inp / group * group;
-                let fmt = Format::Affine {
-                    bits: 4,
-                    group,
-                    float,
-                };
-                let w = random_linear(&mut rng, out, inp, fmt);
-                // Activations over 8 orders of magnitude, with outliers inside blocks.
-                let mut x = rng.vec(inp, 1.0);
-                for (i, v) in x.iter_mut().enumerate() {
-                    *v *= 10f32.powi((i % 9) as i32 - 4);
-                }
-                let mut want = vec![0.0; out];
-                w.forward_rows(&x, &mut want);
-                xp.prepare_with(SimdLevel::Avx512, Precision::Fast, &x);
-                let mut y = vec![f32::NAN; out];
-                matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..out);
-                for (r, ((g, t), (e, s))) in y.iter().zip(&want).zip(bounds(&w, &x)).enumerate() {
-                    let err = (g - t).abs();
-                    let tol = e + 2e-6 * s + 1e-30;
-                    assert!(
-                        err <= tol,
-                        "fast g{group} {float:?} [{out}, {inp}] row {r}: got {g}, reference {t}, error {err:e} > {tol:e}"
-                    );
-                    worst = worst.max(err / tol);
+    for kernel in int_kernels() {
+        for group in [32, 64, 128] {
+            for float in [DType::BF16, DType::F16, DType::F32] {
+                for (out, inp) in [(7, 128), (33, 2048), (5, 96.max(group)), (1001, 512)] {
+                    let inp = inp / group * group;
+                    let fmt = Format::Affine {
+                        bits: 4,
+                        group,
+                        float,
+                    };
+                    let w = random_linear(&mut rng, out, inp, fmt);
+                    // Activations over 8 orders of magnitude, with outliers inside blocks.
+                    let mut x = rng.vec(inp, 1.0);
+                    for (i, v) in x.iter_mut().enumerate() {
+                        *v *= 10f32.powi((i % 9) as i32 - 4);
+                    }
+                    let mut want = vec![0.0; out];
+                    w.forward_rows(&x, &mut want);
+                    prepare_int(&mut xp, kernel, Precision::Fast, &x);
+                    let mut y = vec![f32::NAN; out];
+                    matvec_rows(kernel.0, &w.view(), &xp, &mut y, 0..out);
+                    for (r, ((g, t), (e, s))) in y.iter().zip(&want).zip(bounds(&w, &x)).enumerate()
+                    {
+                        let err = (g - t).abs();
+                        let tol = e + 2e-6 * s + 1e-30;
+                        assert!(
+                            err <= tol,
+                            "fast {kernel:?} g{group} {float:?} [{out}, {inp}] row {r}: got {g}, reference {t}, error {err:e} > {tol:e}"
+                        );
+                        worst = worst.max(err / tol);
+                    }
                 }
             }
         }
@@ -121,9 +121,6 @@ fn fast_matmul_stays_within_the_int8_rounding_bound() {
 
 #[test]
 fn fast_matvec_is_close_on_typical_activations() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
     let mut rng = Rng::new(12);
     let fmt = Format::Affine {
         bits: 4,
@@ -136,22 +133,24 @@ fn fast_matvec_is_close_on_typical_activations() {
     let mut want = vec![0.0; out];
     w.forward_rows(&x, &mut want);
     let mut xp = XPrep::new();
-    xp.prepare_with(SimdLevel::Avx512, Precision::Fast, &x);
-    let mut y = vec![f32::NAN; out];
-    matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..out);
-    let num: f64 = y
-        .iter()
-        .zip(&want)
-        .map(|(a, b)| ((a - b) as f64).powi(2))
-        .sum();
-    let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
-    let rel = (num / den).sqrt();
-    println!("fast [512, 2048] q4g64: rel L2 error {rel:.2e}");
-    assert!(rel < 1e-2, "rel L2 error {rel:e}");
-    assert!(
-        rel > 1e-7,
-        "rel L2 error {rel:e}: the int8 path did not run"
-    );
+    for kernel in int_kernels() {
+        prepare_int(&mut xp, kernel, Precision::Fast, &x);
+        let mut y = vec![f32::NAN; out];
+        matvec_rows(kernel.0, &w.view(), &xp, &mut y, 0..out);
+        let num: f64 = y
+            .iter()
+            .zip(&want)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let den: f64 = want.iter().map(|b| (*b as f64).powi(2)).sum();
+        let rel = (num / den).sqrt();
+        println!("fast {kernel:?} [512, 2048] q4g64: rel L2 error {rel:.2e}");
+        assert!(rel < 1e-2, "{kernel:?}: rel L2 error {rel:e}");
+        assert!(
+            rel > 1e-7,
+            "{kernel:?}: rel L2 error {rel:e}: the int8 path did not run"
+        );
+    }
 }
 
 /// One fixture through `CpuModel` at `precision`, one token per call so every token takes
@@ -161,12 +160,13 @@ fn run(
     model: &Model,
     tokens: &[u32],
     precision: Precision,
+    level: SimdLevel,
 ) -> (Vec<f32>, Vec<Vec<usize>>, Vec<u32>) {
     let o = CpuOptions {
         threads: 2,
         max_chunk: 1,
         max_context: 64,
-        level: None,
+        level: Some(level),
         precision,
     };
     let mut cpu = CpuModel::new(model, o).expect("cpu");
@@ -208,16 +208,18 @@ fn run(
 /// changed (measured: at most 1.9e-1 and 12/80, on qwen35-q4).
 #[test]
 fn fast_forward_agrees_with_the_exact_path_on_every_fixture() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
-    for name in MODELS {
+    let mut levels: Vec<SimdLevel> = int_kernels().into_iter().map(|k| k.0).collect();
+    levels.dedup();
+    for (name, level) in MODELS
+        .into_iter()
+        .flat_map(|n| levels.iter().map(move |&l| (n, l)))
+    {
         let model = Model::open(&fixture(name)).expect("open");
         let (v, layers) = (model.cfg.vocab_size, model.cfg.num_hidden_layers);
         let r = Reference::open(name);
         let tokens = r.ids("tokens");
-        let (want, want_routes, want_greedy) = run(&model, &tokens, Precision::Exact);
-        let (got, routes, greedy) = run(&model, &tokens, Precision::Fast);
+        let (want, want_routes, want_greedy) = run(&model, &tokens, Precision::Exact, level);
+        let (got, routes, greedy) = run(&model, &tokens, Precision::Fast, level);
         let err = rel_l2(&got, &want);
         let changed = routes
             .iter()
@@ -241,19 +243,19 @@ fn fast_forward_agrees_with_the_exact_path_on_every_fixture() {
         let mlx = r.ids("greedy");
         let same_mlx = greedy.iter().zip(&mlx).filter(|(a, b)| a == b).count();
         println!(
-            "{name}: logits rel L2 {err:.2e} (worst of the {clean} tokens before any expert change {worst_clean:.2e}); \
+            "{name} {level:?}: logits rel L2 {err:.2e} (worst of the {clean} tokens before any expert change {worst_clean:.2e}); \
              expert sets changed {changed}/{}; greedy same {same}/16 (exact), {same_mlx}/{} (mlx-lm)",
             routes.len(),
             mlx.len().min(16)
         );
         assert!(
             worst_clean < 2e-2,
-            "{name}: fast logits rel L2 {worst_clean:e}"
+            "{name} {level:?}: fast logits rel L2 {worst_clean:e}"
         );
-        assert!(err < 0.25, "{name}: fast logits rel L2 {err:e}");
+        assert!(err < 0.25, "{name} {level:?}: fast logits rel L2 {err:e}");
         assert!(
             4 * changed <= routes.len(),
-            "{name}: {changed} expert sets changed"
+            "{name} {level:?}: {changed} expert sets changed"
         );
     }
 }
@@ -262,9 +264,6 @@ fn fast_forward_agrees_with_the_exact_path_on_every_fixture() {
 /// scale and through the exact Σx of the bias term).
 #[test]
 fn fast_matvec_propagates_nan() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
     let mut rng = Rng::new(13);
     let fmt = Format::Affine {
         bits: 4,
@@ -275,10 +274,14 @@ fn fast_matvec_propagates_nan() {
     let mut x = rng.vec(256, 1.0);
     x[77] = f32::NAN;
     let mut xp = XPrep::new();
-    xp.prepare_with(SimdLevel::Avx512, Precision::Fast, &x);
-    let mut y = vec![0.0; 8];
-    matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..8);
-    assert!(y.iter().all(|v| v.is_nan()), "{y:?}");
+    for kernel in int_kernels() {
+        for p in [Precision::Fast, Precision::Exact] {
+            prepare_int(&mut xp, kernel, p, &x);
+            let mut y = vec![0.0; 8];
+            matvec_rows(kernel.0, &w.view(), &xp, &mut y, 0..8);
+            assert!(y.iter().all(|v| v.is_nan()), "{kernel:?} {p:?}: {y:?}");
+        }
+    }
 }
 
 /// One-token fast calls keep the DeltaNet states in bf16 (half the bytes a decoded token

@@ -278,40 +278,39 @@ fn spread_magnitudes(x: &mut [f32]) {
 }
 
 #[test]
-fn split24_matvec_matches_reference_where_vnni_exists() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
+fn split24_matvec_matches_reference_on_every_integer_kernel() {
     let mut rng = Rng::new(8);
     let mut xp = XPrep::new();
-    for group in [32, 64, 128] {
-        for float in FLOATS {
-            for (out, inp) in [(7, 128), (33, 2048), (5, 96.max(group)), (1001, 512)] {
-                let inp = inp / group * group;
-                let w = random_linear(
-                    &mut rng,
-                    out,
-                    inp,
-                    Format::Affine {
-                        bits: 4,
-                        group,
-                        float,
-                    },
-                );
-                let mut x = rng.vec(inp, 1.0);
-                spread_magnitudes(&mut x);
-                let mut want = vec![0.0; out];
-                w.forward_rows(&x, &mut want);
-                let scale = row_scales(&w, &x);
-                xp.prepare_with(SimdLevel::Avx512, Precision::Split24, &x);
-                let mut y = vec![f32::NAN; out];
-                matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut y, 0..out);
-                assert_close(
-                    &y,
-                    &want,
-                    &scale,
-                    &format!("split24 g{group} {float:?} [{out}, {inp}]"),
-                );
+    for kernel in common::int_kernels() {
+        for group in [32, 64, 128] {
+            for float in FLOATS {
+                for (out, inp) in [(7, 128), (33, 2048), (5, 96.max(group)), (1001, 512)] {
+                    let inp = inp / group * group;
+                    let w = random_linear(
+                        &mut rng,
+                        out,
+                        inp,
+                        Format::Affine {
+                            bits: 4,
+                            group,
+                            float,
+                        },
+                    );
+                    let mut x = rng.vec(inp, 1.0);
+                    spread_magnitudes(&mut x);
+                    let mut want = vec![0.0; out];
+                    w.forward_rows(&x, &mut want);
+                    let scale = row_scales(&w, &x);
+                    common::prepare_int(&mut xp, kernel, Precision::Split24, &x);
+                    let mut y = vec![f32::NAN; out];
+                    matvec_rows(kernel.0, &w.view(), &xp, &mut y, 0..out);
+                    assert_close(
+                        &y,
+                        &want,
+                        &scale,
+                        &format!("split24 {kernel:?} g{group} {float:?} [{out}, {inp}]"),
+                    );
+                }
             }
         }
     }

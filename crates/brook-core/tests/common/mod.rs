@@ -96,3 +96,33 @@ pub mod rewrite;
 mod chat_model;
 #[allow(unused_imports)] // not every test binary builds the chat model
 pub use chat_model::chat_model;
+
+/// The integer one-token kernels this CPU runs, as (level, AVX-VNNI): AVX-512 VNNI's tiles,
+/// and AVX2's rows with `vpmaddubsw` and, where the CPU has it, AVX-VNNI's `vpdpbusd`.
+pub fn int_kernels() -> Vec<(brook_core::cpu::SimdLevel, bool)> {
+    use brook_core::cpu::SimdLevel;
+    let mut v = Vec::new();
+    if SimdLevel::has_vnni() {
+        v.push((SimdLevel::Avx512, false));
+    }
+    if cfg!(target_arch = "x86_64") && SimdLevel::Avx2.is_supported() {
+        v.push((SimdLevel::Avx2, false));
+        if SimdLevel::has_avx_vnni() {
+            v.push((SimdLevel::Avx2, true));
+        }
+    }
+    v
+}
+
+/// `x` prepared for the integer kernel `(level, avx_vnni)` of [`int_kernels`] at `precision`.
+pub fn prepare_int(
+    xp: &mut brook_core::cpu::XPrep,
+    (level, avx_vnni): (brook_core::cpu::SimdLevel, bool),
+    precision: brook_core::cpu::Precision,
+    x: &[f32],
+) {
+    xp.prepare_with(level, precision, x);
+    if !avx_vnni {
+        xp.without_avx_vnni();
+    }
+}

@@ -69,7 +69,8 @@ pub struct Row {
     /// `--precision` of the run (exact, split24, fast).
     #[serde(default)]
     pub precision: String,
-    /// The CPU kernels' SIMD level (`BROOK_SIMD` caps it) and whether AVX-512 VNNI is used.
+    /// The CPU kernels' SIMD level (`BROOK_SIMD` caps it) and whether AVX-512 VNNI (`+vnni`)
+    /// or AVX-VNNI (`+avxvnni`) is used.
     #[serde(default)]
     pub simd: String,
     pub prefetch: bool,
@@ -530,11 +531,14 @@ fn run_one(a: &Args) -> Result<Row> {
         simd: {
             use brook_core::cpu::kernels::simd::SimdLevel;
             let l = SimdLevel::detect();
-            format!(
-                "{}{}",
-                l.name(),
-                if SimdLevel::has_vnni() { "+vnni" } else { "" }
-            )
+            let extra = if SimdLevel::has_vnni() {
+                "+vnni"
+            } else if l == SimdLevel::Avx2 && SimdLevel::has_avx_vnni() {
+                "+avxvnni"
+            } else {
+                ""
+            };
+            format!("{}{extra}", l.name())
         },
         prefetch: model.prefetch && trace.is_none(),
         expert_slots: model

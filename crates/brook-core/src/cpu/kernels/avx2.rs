@@ -16,7 +16,7 @@ use crate::linear::LinearRef;
 /// Loads 8 weights of `dtype` starting at element `i` of `p`, widened to f32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn load8(dtype: DType, p: *const u8, i: usize) -> __m256 {
+pub(super) unsafe fn load8(dtype: DType, p: *const u8, i: usize) -> __m256 {
     // SAFETY: the caller guarantees 8 elements of `dtype` are readable at element i.
     unsafe {
         match dtype {
@@ -32,7 +32,7 @@ unsafe fn load8(dtype: DType, p: *const u8, i: usize) -> __m256 {
 
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn hsum(v: __m256) -> f32 {
+pub(super) unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_movehdup_ps(s));

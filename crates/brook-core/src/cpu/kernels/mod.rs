@@ -9,6 +9,8 @@ pub mod attention;
 #[cfg(target_arch = "x86_64")]
 mod avx2;
 #[cfg(target_arch = "x86_64")]
+mod avx2_int;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_attention;

@@ -201,6 +201,22 @@ pub fn matvec_rows(
                     super::avx512_tiles::matvec_rows(&a, nd, digits, coef, sums, y, rows)
                 };
             }
+            // On AVX2, 4-bit rows take the integer kernels (`avx2_int.rs`) wherever their
+            // digits were prepared (32 | n): Split24 for the exact precisions, int8 for Fast.
+            #[cfg(target_arch = "x86_64")]
+            if level == SimdLevel::Avx2
+                && a.bits == 4
+                && a.order == Order::Rows
+                && matches!(a.group, 32 | 64 | 128)
+                && let Some((nd, vnni, digits, coef)) = xp.avx2_digits()
+            {
+                let sums = xp.sums(a.group);
+                // SAFETY: the level is supported (the digits exist only then, and AVX-VNNI
+                // only where detected); `check` guaranteed the byte lengths.
+                return unsafe {
+                    super::avx2_int::matvec_rows(&a, nd, vnni, digits, coef, sums, y, rows)
+                };
+            }
             if a.order == Order::Tiles {
                 return tiled_rows(w, xp, y, rows);
             }

@@ -25,9 +25,10 @@ impl SimdLevel {
     pub const ALL: [SimdLevel; 3] = [SimdLevel::Portable, SimdLevel::Avx2, SimdLevel::Avx512];
 
     /// The fastest level this CPU runs, detected on the first call and cached; the
-    /// environment variable `BROOK_SIMD` (`portable`, `avx2`, `avx512`) caps it, so a machine
-    /// can run (and benchmark) the kernels of a lower level, as users' CPUs without AVX-512
-    /// do. The features of a higher level (VNNI, BF16) go with it.
+    /// environment variable `BROOK_SIMD` (`portable`, `avx2`, `avx2vnni`, `avx512`) caps it,
+    /// so a machine can run (and benchmark) the kernels of a lower level, as users' CPUs
+    /// without AVX-512 do. The features of a higher level (VNNI, BF16) go with it; `avx2`
+    /// also leaves out AVX-VNNI (an AVX2-only CPU), `avx2vnni` keeps it where present.
     pub fn detect() -> SimdLevel {
         static LEVEL: OnceLock<SimdLevel> = OnceLock::new();
         *LEVEL.get_or_init(|| {
@@ -49,7 +50,7 @@ impl SimdLevel {
                     }
                     None => {
                         tracing::warn!(
-                            "BROOK_SIMD={want} is not a level (portable, avx2, avx512); using {}",
+                            "BROOK_SIMD={want} is not a level (portable, avx2, avx2vnni, avx512); using {}",
                             best.name()
                         );
                         best
@@ -60,8 +61,11 @@ impl SimdLevel {
         })
     }
 
-    /// The level named `name` (`portable`, `avx2`, `avx512`).
+    /// The level named `name` (`portable`, `avx2`, `avx2vnni`, `avx512`).
     pub fn from_name(name: &str) -> Option<SimdLevel> {
+        if name.trim().eq_ignore_ascii_case("avx2vnni") {
+            return Some(SimdLevel::Avx2);
+        }
         Self::ALL
             .into_iter()
             .find(|l| l.name().eq_ignore_ascii_case(name.trim()))
@@ -84,6 +88,25 @@ impl SimdLevel {
             #[cfg(target_arch = "x86_64")]
             {
                 SimdLevel::Avx512.is_supported() && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            {
+                false
+            }
+        })
+    }
+
+    /// Whether this CPU has AVX-VNNI (`vpdpbusd` on 256-bit registers: Alder Lake, Zen 4 and
+    /// later), which the AVX2 level's integer 4-bit kernels use in place of
+    /// `vpmaddubsw` + `vpmaddwd`. `BROOK_SIMD=avx2` leaves it out (an AVX2-only CPU).
+    pub fn has_avx_vnni() -> bool {
+        static VNNI: OnceLock<bool> = OnceLock::new();
+        *VNNI.get_or_init(|| {
+            #[cfg(target_arch = "x86_64")]
+            {
+                let plain = std::env::var("BROOK_SIMD")
+                    .is_ok_and(|v| v.trim().eq_ignore_ascii_case("avx2"));
+                !plain && SimdLevel::Avx2.is_supported() && is_x86_feature_detected!("avxvnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
             {

@@ -53,6 +53,8 @@ pub struct XPrep {
     tnd: usize,             // digits per element in `tiles`: 0 (none), 1 (Fast) or 3 (else)
     tiles: Vec<i8>,         // [n/32, tnd, 32]: each 32-block's digits in element order
     tcoef: Vec<f32>,        // [n/32, tnd]: the factor of each digit row's sums
+    and: usize,             // as tnd, for the AVX2 kernels' layout in `tiles` and `tcoef`
+    avnni: bool,            // the AVX2 kernels take AVX-VNNI's instruction
 }
 
 impl XPrep {
@@ -73,8 +75,10 @@ impl XPrep {
                 Vec::with_capacity(n / 128),
             ],
             tnd: 0,
-            tiles: Vec::with_capacity(3 * n),
-            tcoef: Vec::with_capacity(3 * n / 32),
+            tiles: Vec::with_capacity(3 * (n + 32)),
+            tcoef: Vec::with_capacity(3 * (n + 32) / 8),
+            and: 0,
+            avnni: false,
         }
     }
 
@@ -100,10 +104,24 @@ impl XPrep {
         self.x.extend_from_slice(x);
         self.lanes.clear();
         let n = x.len();
+        self.and = 0;
+        let nd = if precision == Precision::Fast { 1 } else { 3 };
         if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && n.is_multiple_of(32) {
-            let nd = if precision == Precision::Fast { 1 } else { 3 };
             digits_and_sums(nd, x, n, &mut self.tiles, &mut self.tcoef, &mut self.sums);
             self.tnd = nd;
+        } else if cfg!(target_arch = "x86_64")
+            && level == SimdLevel::Avx2
+            && level.is_supported()
+            && n.is_multiple_of(32)
+        {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the level (AVX2) is supported, checked above.
+            unsafe {
+                super::avx2_int::prepare(nd, x, &mut self.tiles, &mut self.tcoef, &mut self.sums[0])
+            };
+            pair_sums(&mut self.sums, n);
+            self.and = nd;
+            self.avnni = SimdLevel::has_avx_vnni();
         } else {
             let s32 = &mut self.sums[0];
             s32.clear();
@@ -150,6 +168,19 @@ impl XPrep {
     /// [n/32, nd] factors), where [`XPrep::prepare_with`] wrote them.
     pub(crate) fn tiles(&self) -> Option<(usize, &[i8], &[f32])> {
         (self.tnd > 0).then_some((self.tnd, &self.tiles[..], &self.tcoef[..]))
+    }
+
+    /// The digits of the AVX2 integer kernels (`avx2_int.rs`): (digits per element, whether
+    /// to take AVX-VNNI's instruction, [chunks, nd, 2, 32] bytes, [chunks, nd, 8] factors),
+    /// where [`XPrep::prepare_with`] wrote them.
+    pub(crate) fn avx2_digits(&self) -> Option<(usize, bool, &[i8], &[f32])> {
+        (self.and > 0).then_some((self.and, self.avnni, &self.tiles[..], &self.tcoef[..]))
+    }
+
+    /// Runs the AVX2 integer kernels with `vpmaddubsw` + `vpmaddwd` even where AVX-VNNI
+    /// exists (for tests and benchmarks that compare the two); until the next preparation.
+    pub fn without_avx_vnni(&mut self) {
+        self.avnni = false;
     }
 
     /// The input vector.
