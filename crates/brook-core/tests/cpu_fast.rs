@@ -66,52 +66,52 @@ fn fast_matvec_stays_within_the_int8_rounding_bound() {
 /// the Fast path silently running as F32, and a kernel off by a nibble or a lane scale).
 #[test]
 fn fast_matmul_stays_within_the_int8_rounding_bound() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
     let mut rng = Rng::new(13);
     let pool = CpuPool::new(2);
     let mut xb = XBatch::new();
     let mut worst = 0.0f32;
     let mut case = 0;
-    for group in [32, 64, 128] {
-        for float in [DType::BF16, DType::F16, DType::F32] {
-            // Remainders of a 16-row block and of every token tile (8, 4, 2, 1).
-            let (out, inp, t) =
-                [(7, 128, 1), (33, 2048, 15), (16, 160, 3), (40, 1024, 26)][case % 4];
-            case += 1;
-            let inp = inp.max(group) / group * group;
-            let fmt = Format::Affine {
-                bits: 4,
-                group,
-                float,
-            };
-            let w = random_linear(&mut rng, out, inp, fmt);
-            let mut x = rng.vec(t * inp, 1.0);
-            for (i, v) in x.iter_mut().enumerate() {
-                *v *= 10f32.powi((i % 5) as i32 - 2);
-            }
-            let mut want = vec![0.0; t * out];
-            w.forward_rows(&x, &mut want);
-            let mut y = vec![f32::NAN; t * out];
-            let (lvl, p) = (SimdLevel::Avx512, Precision::Fast);
-            qmatmul_pool_at(&pool, lvl, p, &w.view(), &x, &mut y, &mut xb).expect("matmul");
-            for (k, xt) in x.chunks_exact(inp).enumerate() {
-                let rows = k * out..(k + 1) * out;
-                for (r, ((g, v), (e, s))) in y[rows.clone()]
-                    .iter()
-                    .zip(&want[rows])
-                    .zip(bounds(&w, xt))
-                    .enumerate()
-                {
-                    let err = (g - v).abs();
-                    let bound = e + 2e-6 * s + 1e-30;
-                    worst = worst.max(err / bound);
-                    assert!(
-                        err <= bound,
-                        "g{group} {float:?} [{out}, {inp}] token {k} row {r}: got {g}, \
+    for (lvl, vnni) in int_kernels() {
+        xb.set_avx_vnni(vnni);
+        for group in [32, 64, 128] {
+            for float in [DType::BF16, DType::F16, DType::F32] {
+                // Remainders of a 16-row block and of every token tile (8, 4, 2, 1).
+                let (out, inp, t) =
+                    [(7, 128, 1), (33, 2048, 15), (16, 160, 3), (40, 1024, 26)][case % 4];
+                case += 1;
+                let inp = inp.max(group) / group * group;
+                let fmt = Format::Affine {
+                    bits: 4,
+                    group,
+                    float,
+                };
+                let w = random_linear(&mut rng, out, inp, fmt);
+                let mut x = rng.vec(t * inp, 1.0);
+                for (i, v) in x.iter_mut().enumerate() {
+                    *v *= 10f32.powi((i % 5) as i32 - 2);
+                }
+                let mut want = vec![0.0; t * out];
+                w.forward_rows(&x, &mut want);
+                let mut y = vec![f32::NAN; t * out];
+                let p = Precision::Fast;
+                qmatmul_pool_at(&pool, lvl, p, &w.view(), &x, &mut y, &mut xb).expect("matmul");
+                for (k, xt) in x.chunks_exact(inp).enumerate() {
+                    let rows = k * out..(k + 1) * out;
+                    for (r, ((g, v), (e, s))) in y[rows.clone()]
+                        .iter()
+                        .zip(&want[rows])
+                        .zip(bounds(&w, xt))
+                        .enumerate()
+                    {
+                        let err = (g - v).abs();
+                        let bound = e + 2e-6 * s + 1e-30;
+                        worst = worst.max(err / bound);
+                        assert!(
+                            err <= bound,
+                            "{lvl:?} vnni {vnni} g{group} {float:?} [{out}, {inp}] token {k} row {r}: got {g}, \
                          reference {v}, error {err:e} > {bound:e}"
-                    );
+                        );
+                    }
                 }
             }
         }

@@ -317,56 +317,51 @@ fn split24_matvec_matches_reference_on_every_integer_kernel() {
 }
 
 #[test]
-fn split24_matmul_matches_reference_where_vnni_exists() {
-    if !SimdLevel::has_vnni() {
-        return;
-    }
+fn split24_matmul_matches_reference_on_every_integer_kernel() {
     let mut rng = Rng::new(9);
     let pool = CpuPool::new(3);
     let mut xb = XBatch::new();
     let mut case = 0;
-    for group in [32, 64, 128] {
-        for float in FLOATS {
-            // Rows and tokens with remainders of a 16-row block and of every token tile
-            // (4, 2, 1), widths of one group, many groups, and a partial 64-element piece.
-            let (out, inp, t) =
-                [(7, 128, 1), (33, 2048, 9), (16, 160, 3), (50, 4096, 21)][case % 4];
-            case += 1;
-            let inp = inp.max(group) / group * group;
-            let w = random_linear(
-                &mut rng,
-                out,
-                inp,
-                Format::Affine {
-                    bits: 4,
-                    group,
-                    float,
-                },
-            );
-            let mut x = rng.vec(t * inp, 1.0);
-            spread_magnitudes(&mut x);
-            let mut want = vec![0.0; t * out];
-            w.forward_rows(&x, &mut want);
-            let mut scale = Vec::new();
-            for xt in x.chunks_exact(inp) {
-                scale.extend(row_scales(&w, xt));
+    for (lvl, vnni) in common::int_kernels() {
+        xb.set_avx_vnni(vnni);
+        for group in [32, 64, 128] {
+            for float in FLOATS {
+                // Rows and tokens with remainders of a row block (16, 4, 2) and of every
+                // token tile (8, 4, 2, 1), widths of one group, many groups, and a partial
+                // 64-element piece.
+                let (out, inp, t) =
+                    [(7, 128, 1), (33, 2048, 9), (16, 160, 3), (50, 4096, 21)][case % 4];
+                case += 1;
+                let inp = inp.max(group) / group * group;
+                let w = random_linear(
+                    &mut rng,
+                    out,
+                    inp,
+                    Format::Affine {
+                        bits: 4,
+                        group,
+                        float,
+                    },
+                );
+                let mut x = rng.vec(t * inp, 1.0);
+                spread_magnitudes(&mut x);
+                let mut want = vec![0.0; t * out];
+                w.forward_rows(&x, &mut want);
+                let mut scale = Vec::new();
+                for xt in x.chunks_exact(inp) {
+                    scale.extend(row_scales(&w, xt));
+                }
+                let what = format!(
+                    "split24 matmul {lvl:?} vnni {vnni} g{group} {float:?} [{out}, {inp}] T={t}"
+                );
+                let mut y = vec![f32::NAN; t * out];
+                let p = Precision::Split24;
+                qmatmul_at(lvl, p, &w.view(), &x, &mut y, &mut xb).expect("matmul");
+                assert_close(&y, &want, &scale, &what);
+                let mut y = vec![f32::NAN; t * out];
+                qmatmul_pool_at(&pool, lvl, p, &w.view(), &x, &mut y, &mut xb).expect("matmul");
+                assert_close(&y, &want, &scale, &format!("pool {what}"));
             }
-            let what = format!("split24 matmul g{group} {float:?} [{out}, {inp}] T={t}");
-            let mut y = vec![f32::NAN; t * out];
-            qmatmul_at(
-                SimdLevel::Avx512,
-                Precision::Split24,
-                &w.view(),
-                &x,
-                &mut y,
-                &mut xb,
-            )
-            .expect("matmul");
-            assert_close(&y, &want, &scale, &what);
-            let mut y = vec![f32::NAN; t * out];
-            let (lvl, p) = (SimdLevel::Avx512, Precision::Split24);
-            qmatmul_pool_at(&pool, lvl, p, &w.view(), &x, &mut y, &mut xb).expect("matmul");
-            assert_close(&y, &want, &scale, &format!("pool {what}"));
         }
     }
 }

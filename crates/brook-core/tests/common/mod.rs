@@ -121,8 +121,6 @@ pub fn prepare_int(
     precision: brook_core::cpu::Precision,
     x: &[f32],
 ) {
+    xp.set_avx_vnni(avx_vnni);
     xp.prepare_with(level, precision, x);
-    if !avx_vnni {
-        xp.without_avx_vnni();
-    }
 }

@@ -60,6 +60,46 @@ pub(crate) unsafe fn prepare(
     }
 }
 
+/// The scaling of one 32-element block `a` (elements 8i..8i+8 in a[i]): (the multiplier that
+/// takes x to its integers, each digit row's factor, Σx), or `None` (with Σx) when the block
+/// holds a NaN or an infinity.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn block_scale(nd: usize, a: &[__m256; 4]) -> (Option<(f32, [f32; 3])>, f32) {
+    // SAFETY: AVX2 is present (this function's features).
+    let sum = unsafe {
+        hsum(_mm256_add_ps(
+            _mm256_add_ps(a[0], a[1]),
+            _mm256_add_ps(a[2], a[3]),
+        ))
+    };
+    let abs = a.map(|v| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v));
+    let inf = _mm256_set1_ps(f32::INFINITY);
+    // Not below infinity, or unordered (NaN).
+    let bad = abs.iter().fold(0, |m, &v| {
+        m | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(v, inf))
+    });
+    if bad != 0 {
+        return (None, sum);
+    }
+    let m4 = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
+    let m2 = _mm_max_ps(_mm256_castps256_ps128(m4), _mm256_extractf128_ps::<1>(m4));
+    let m1 = _mm_max_ps(m2, _mm_movehl_ps(m2, m2));
+    let max = _mm_cvtss_f32(_mm_max_ss(m1, _mm_movehdup_ps(m1)));
+    let scale = if nd == 3 {
+        // As `avx512_digits::split_scale`: 2^e > max, e clamped to [−100, 127].
+        let e = ((max.to_bits() >> 23) as i32 - 126).clamp(-100, 127);
+        let inv = f32::from_bits(((e - 22 + 127) as u32) << 23);
+        let m = f32::from_bits(((22 - e + 127) as u32) << 23);
+        (m, [inv * 65536.0, inv * 256.0, inv])
+    } else if max > 0.0 {
+        (127.0 / max, [max / 127.0, 0.0, 0.0])
+    } else {
+        (0.0, [0.0; 3])
+    };
+    (Some(scale), sum)
+}
+
 /// One 32-element block of [`prepare`]: its digits into half `h` of the chunk's digit rows at
 /// `rows`; returns (each digit row's factor, Σx).
 #[inline]
@@ -68,33 +108,9 @@ unsafe fn block(nd: usize, x: *const f32, rows: *mut i8, h: usize) -> ([f32; 3],
     // SAFETY: x holds 32 floats, rows nd·64 bytes (caller).
     unsafe {
         let a = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.add(i)));
-        let sum = hsum(_mm256_add_ps(
-            _mm256_add_ps(a[0], a[1]),
-            _mm256_add_ps(a[2], a[3]),
-        ));
-        let abs = a.map(|v| _mm256_andnot_ps(_mm256_set1_ps(-0.0), v));
-        let inf = _mm256_set1_ps(f32::INFINITY);
-        // Not below infinity, or unordered (NaN).
-        let bad = abs.iter().fold(0, |m, &v| {
-            m | _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_NLT_UQ>(v, inf))
-        });
-        if bad != 0 {
+        let (scale, sum) = block_scale(nd, &a);
+        let Some((mul, cf)) = scale else {
             return ([f32::NAN; 3], sum);
-        }
-        let m4 = _mm256_max_ps(_mm256_max_ps(abs[0], abs[1]), _mm256_max_ps(abs[2], abs[3]));
-        let m2 = _mm_max_ps(_mm256_castps256_ps128(m4), _mm256_extractf128_ps::<1>(m4));
-        let m1 = _mm_max_ps(m2, _mm_movehl_ps(m2, m2));
-        let max = _mm_cvtss_f32(_mm_max_ss(m1, _mm_movehdup_ps(m1)));
-        let (mul, cf) = if nd == 3 {
-            // As `avx512_digits::split_scale`: 2^e > max, e clamped to [−100, 127].
-            let e = ((max.to_bits() >> 23) as i32 - 126).clamp(-100, 127);
-            let inv = f32::from_bits(((e - 22 + 127) as u32) << 23);
-            let m = f32::from_bits(((22 - e + 127) as u32) << 23);
-            (m, [inv * 65536.0, inv * 256.0, inv])
-        } else if max > 0.0 {
-            (127.0 / max, [max / 127.0, 0.0, 0.0])
-        } else {
-            (0.0, [0.0; 3])
         };
         // Even and odd elements apart: shuffles give 0 2 8 10 | 4 6 12 14, the permute
         // orders them.
@@ -111,16 +127,58 @@ unsafe fn block(nd: usize, x: *const f32, rows: *mut i8, h: usize) -> ([f32; 3],
         for (half, odd) in [(0, false), (32, true)] {
             let (v0, v1) = (pick(a[0], a[1], odd), pick(a[2], a[3], odd));
             let at = |k: usize| rows.add(k * CHUNK + half + h * 16) as *mut __m128i;
-            if nd == 1 {
-                _mm_storeu_si128(at(0), bytes16(v0, v1));
-            } else {
-                let (s0, s1) = (split8(v0), split8(v1));
-                for k in 0..3 {
-                    _mm_storeu_si128(at(k), bytes16(s0[k], s1[k]));
-                }
-            }
+            write_digits(nd, v0, v1, at);
         }
         (cf, sum)
+    }
+}
+
+/// The digits of one 32-element block in element order into `out` (digit row k at
+/// 32k..32k+32), as [`prepare`] computes them: (each digit row's factor, Σx). For the
+/// prefill's token layout (`avx2_int_mm.rs`).
+///
+/// # Safety
+/// AVX2 must be present; x holds 32 floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn natural_block(
+    nd: usize,
+    x: *const f32,
+    out: &mut [i8; 96],
+) -> ([f32; 3], f32) {
+    // SAFETY: x holds 32 floats (caller), out 96 bytes.
+    unsafe {
+        let a = [0, 8, 16, 24].map(|i| _mm256_loadu_ps(x.add(i)));
+        let (scale, sum) = block_scale(nd, &a);
+        let Some((mul, cf)) = scale else {
+            out.fill(0);
+            return ([f32::NAN; 3], sum);
+        };
+        let v = a.map(|v| _mm256_cvtps_epi32(_mm256_mul_ps(v, _mm256_set1_ps(mul))));
+        let o = out.as_mut_ptr();
+        for half in 0..2 {
+            let at = |k: usize| o.add(k * 32 + half * 16) as *mut __m128i;
+            write_digits(nd, v[2 * half], v[2 * half + 1], at);
+        }
+        (cf, sum)
+    }
+}
+
+/// The digit bytes of 16 integers (8 in each of `v0`, `v1`, in order) to `at(k)` for digit
+/// row k: the integers themselves at int8, Split24's three rows otherwise.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn write_digits(nd: usize, v0: __m256i, v1: __m256i, at: impl Fn(usize) -> *mut __m128i) {
+    // SAFETY: at(k) points at 16 writable bytes for k < nd (callers).
+    unsafe {
+        if nd == 1 {
+            _mm_storeu_si128(at(0), bytes16(v0, v1));
+        } else {
+            let (s0, s1) = (split8(v0), split8(v1));
+            for k in 0..3 {
+                _mm_storeu_si128(at(k), bytes16(s0[k], s1[k]));
+            }
+        }
     }
 }
 

@@ -38,6 +38,9 @@ pub struct XBatch {
     digits: Vec<i8>, // [t, n/32, nd, 32]: each 32-block's digits in element order
     coef: Vec<f32>,  // [t, n/32, nd]: the factor of each digit's sums
     sums: [Vec<f32>; 3], // [t, n/g] for g = 32, 64, 128: Σx per group (empty if g ∤ n)
+    avx2: bool,      // digits, coef and sums in the AVX2 kernels' token layout instead
+    avnni: bool,     // the AVX2 kernels take AVX-VNNI's instruction
+    no_avx_vnni: bool, // ... never (`set_avx_vnni`)
 }
 
 impl XBatch {
@@ -55,12 +58,36 @@ impl XBatch {
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32], n: usize) {
         let t = x.len() / n.max(1);
         self.nd = 0;
+        self.avx2 = false;
         if precision != Precision::Exact
             && level == SimdLevel::Avx512
             && SimdLevel::has_vnni()
             && n.is_multiple_of(32)
         {
             self.fill_digits(precision, &x[..t * n], n);
+        } else if precision != Precision::Exact
+            && cfg!(target_arch = "x86_64")
+            && level == SimdLevel::Avx2
+            && level.is_supported()
+            && n.is_multiple_of(32)
+            && n > 0
+        {
+            let nd = if precision == Precision::Fast { 1 } else { 3 };
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: AVX2 is supported (checked above).
+            unsafe {
+                super::avx2_int_mm::prepare(
+                    nd,
+                    &x[..t * n],
+                    n,
+                    &mut self.digits,
+                    &mut self.coef,
+                    &mut self.sums,
+                )
+            };
+            self.nd = nd;
+            self.avx2 = true;
+            self.avnni = SimdLevel::has_avx_vnni() && !self.no_avx_vnni;
         }
         self.level = Some(level);
         self.t = t;
@@ -90,6 +117,13 @@ impl XBatch {
                 }
             }
         }
+    }
+
+    /// Whether the AVX2 integer kernels may take AVX-VNNI's instruction where the CPU has it
+    /// (the default); off, they run `vpmaddubsw` + `vpmaddwd` as on CPUs without it. For
+    /// tests and benchmarks that compare the two; applies from the next preparation.
+    pub fn set_avx_vnni(&mut self, on: bool) {
+        self.no_avx_vnni = !on;
     }
 
     /// Tokens prepared.
@@ -140,7 +174,28 @@ pub unsafe fn matmul_rows(
         SimdLevel::Portable
     };
     #[cfg(target_arch = "x86_64")]
+    if xb.avx2
+        && level == SimdLevel::Avx2
+        && let Some(a) = Affine::of(w)
+        && a.bits == 4
+        && a.order == Order::Rows
+        && let Some(k) = [32, 64, 128].iter().position(|&g| g == a.group)
+    {
+        let x = super::avx2_int_mm::Digits {
+            nd: xb.nd,
+            bytes: &xb.digits,
+            coef: &xb.coef,
+            sums: &xb.sums[k],
+        };
+        // SAFETY: the AVX2 digits are only prepared where AVX2 runs (AVX-VNNI where
+        // detected); `w` passed `check`, the batch holds t tokens of n = 32·blocks and Y
+        // t·out elements (asserted above); the caller gave us columns `rows` alone.
+        unsafe { super::avx2_int_mm::matmul_rows(&a, x, xb.avnni, t, out, y, rows) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if xb.nd > 0
+        && !xb.avx2
         && level == SimdLevel::Avx512
         && let Some(a) = Affine::of(w)
         && a.bits == 4

@@ -55,6 +55,7 @@ pub struct XPrep {
     tcoef: Vec<f32>,        // [n/32, tnd]: the factor of each digit row's sums
     and: usize,             // as tnd, for the AVX2 kernels' layout in `tiles` and `tcoef`
     avnni: bool,            // the AVX2 kernels take AVX-VNNI's instruction
+    no_avx_vnni: bool,      // ... never (`set_avx_vnni`)
 }
 
 impl XPrep {
@@ -79,6 +80,7 @@ impl XPrep {
             tcoef: Vec::with_capacity(3 * (n + 32) / 8),
             and: 0,
             avnni: false,
+            no_avx_vnni: false,
         }
     }
 
@@ -121,7 +123,7 @@ impl XPrep {
             };
             pair_sums(&mut self.sums, n);
             self.and = nd;
-            self.avnni = SimdLevel::has_avx_vnni();
+            self.avnni = SimdLevel::has_avx_vnni() && !self.no_avx_vnni;
         } else {
             let s32 = &mut self.sums[0];
             s32.clear();
@@ -177,10 +179,11 @@ impl XPrep {
         (self.and > 0).then_some((self.and, self.avnni, &self.tiles[..], &self.tcoef[..]))
     }
 
-    /// Runs the AVX2 integer kernels with `vpmaddubsw` + `vpmaddwd` even where AVX-VNNI
-    /// exists (for tests and benchmarks that compare the two); until the next preparation.
-    pub fn without_avx_vnni(&mut self) {
-        self.avnni = false;
+    /// Whether the AVX2 integer kernels may take AVX-VNNI's instruction where the CPU has it
+    /// (the default); off, they run `vpmaddubsw` + `vpmaddwd` as on CPUs without it. For
+    /// tests and benchmarks that compare the two; applies from the next preparation.
+    pub fn set_avx_vnni(&mut self, on: bool) {
+        self.no_avx_vnni = !on;
     }
 
     /// The input vector.

@@ -1,0 +1,395 @@
+//! AVX2 integer kernels of the prefill matmul at [`Precision::Split24`] and
+//! [`Precision::Fast`] for 4-bit matrices in rows: eight tokens to a register, weights
+//! broadcast, with `vpmaddubsw` + `vpmaddwd` or AVX-VNNI's `vpdpbusd`.
+//!
+//! Owns the tokens' digit layout ([`prepare`]: per group of eight tokens, 32-element block,
+//! digit row and four elements, one 32-byte register whose lane l holds token l's four
+//! activation bytes), the expansion of a few weight rows to one nibble per byte in element
+//! order, and the register tile: four elements of a row broadcast to every lane multiply
+//! eight tokens' bytes at once, so each (row, eight tokens) sum stays in one register with no
+//! horizontal sums and no re-layout of the weights beyond the expansion. Integer sums are
+//! scaled once per 32 elements by the tokens' digit factors and the row's group scale; the
+//! MLX bias term (β·Σx per group) is added once per row. Without AVX-VNNI, `vpmaddubsw`
+//! results of a 32-element block add in i16 (|·| ≤ 8·2·15·128 < 2^15) before one `vpmaddwd`.
+//! No allocation beyond per-thread buffers that only grow; shapes are checked by
+//! `qmatmul.rs`. Mirrors `avx512_vnni_mm.rs` (the same sums, in another order).
+//!
+//! [`Precision::Split24`]: super::Precision::Split24
+//! [`Precision::Fast`]: super::Precision::Fast
+
+use std::arch::x86_64::*;
+use std::cell::RefCell;
+use std::ops::Range;
+
+use super::pool::SharedMut;
+use super::qmatvec::{Affine, widen};
+
+/// Tokens per register.
+const LANES: usize = 8;
+
+/// A chunk of tokens' activations for [`matmul_rows`], as [`prepare`] wrote them.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Digits<'a> {
+    pub nd: usize,
+    /// [t/8 rounded up][n/32][nd][8 quads][8 tokens][4] bytes.
+    pub bytes: &'a [i8],
+    /// [t/8][n/32][nd][8 tokens]: the factor of each digit row's sums.
+    pub coef: &'a [f32],
+    /// [t/8][n/g][8 tokens]: Σx per weight group (exact f32).
+    pub sums: &'a [f32],
+}
+
+/// The digits of x [t, n] (n a multiple of 32) at `nd` = 3 (Split24) or 1 (int8), in the
+/// layout of [`Digits`], with Σx per 32, 64 and 128 elements into `sums` (empty where the
+/// group does not divide n). Missing tokens of the last group are zero. A block holding a NaN
+/// or an infinity gets a NaN factor.
+///
+/// # Safety
+/// AVX2 must be present.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn prepare(
+    nd: usize,
+    x: &[f32],
+    n: usize,
+    bytes: &mut Vec<i8>,
+    coef: &mut Vec<f32>,
+    sums: &mut [Vec<f32>; 3],
+) {
+    assert!(n.is_multiple_of(32) && n > 0 && matches!(nd, 1 | 3));
+    let t = x.len() / n;
+    let (nb, ntg) = (n / 32, t.div_ceil(LANES));
+    bytes.clear();
+    bytes.resize(ntg * nb * nd * 256, 0);
+    coef.clear();
+    coef.resize(ntg * nb * nd * LANES, 0.0);
+    sums[0].clear();
+    sums[0].resize(ntg * nb * LANES, 0.0);
+    let mut block = [0i8; 96];
+    for (ti, xt) in x.chunks_exact(n).enumerate() {
+        let (tg, l) = (ti / LANES, ti % LANES);
+        for (b, xb) in xt.chunks_exact(32).enumerate() {
+            // SAFETY: xb holds 32 floats, block 96 bytes.
+            let (cf, s) = unsafe { super::avx2_int::natural_block(nd, xb.as_ptr(), &mut block) };
+            let at = (tg * nb + b) * nd;
+            sums[0][(tg * nb + b) * LANES + l] = s;
+            for d in 0..nd {
+                coef[(at + d) * LANES + l] = cf[d];
+                let src = &block[d * 32..(d + 1) * 32];
+                let dst = &mut bytes[(at + d) * 256..(at + d + 1) * 256];
+                for q in 0..8 {
+                    dst[q * 32 + l * 4..][..4].copy_from_slice(&src[q * 4..q * 4 + 4]);
+                }
+            }
+        }
+    }
+    // Σx per 64 and 128 elements: pairs of the previous width, lane by lane.
+    for k in 1..3 {
+        let (lo, hi) = sums.split_at_mut(k);
+        let (prev, next) = (&lo[k - 1], &mut hi[0]);
+        next.clear();
+        if !n.is_multiple_of(32 << k) {
+            continue;
+        }
+        let per = nb >> (k - 1); // groups of the previous width per token group
+        for tg in 0..ntg {
+            for j in 0..per / 2 {
+                for l in 0..LANES {
+                    let at = (tg * per + 2 * j) * LANES + l;
+                    next.push(prev[at] + prev[at + LANES]);
+                }
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's expanded rows (one nibble per byte, element order) and their scales and
+    /// biases as f32.
+    static ROWS: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Rows of the register tile at `nd` digits: four for int8, two for Split24's three digit
+/// rows (the registers hold R·D sums, D token vectors, R results).
+const fn tile_rows(nd: usize) -> usize {
+    if nd == 1 { 4 } else { 2 }
+}
+
+/// Writes columns `rows` of Y [t, out] = X Wᵀ for a 4-bit `a` in rows (n a multiple of 32,
+/// group 32, 64 or 128) from the tokens' digits; `vnni` takes AVX-VNNI's instruction.
+///
+/// # Safety
+/// AVX2 (and with `vnni`, AVX-VNNI) must be present; `a` must have passed `check`, `x` be
+/// sized for t tokens of a.n at a.group, `y` hold t·out elements, and no other thread touch
+/// Y's columns `rows`.
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_rows(
+    a: &Affine<'_>,
+    x: Digits<'_>,
+    vnni: bool,
+    t: usize,
+    out: usize,
+    y: SharedMut<'_, f32>,
+    rows: Range<usize>,
+) {
+    let (n, ng) = (a.n, a.groups());
+    let (nb, ntg) = (n / 32, t.div_ceil(LANES));
+    assert!(a.bits == 4 && n.is_multiple_of(32) && matches!(a.group, 32 | 64 | 128));
+    assert!(x.bytes.len() >= ntg * nb * x.nd * 256 && x.coef.len() >= ntg * nb * x.nd * LANES);
+    assert!(x.sums.len() >= ntg * ng * LANES && y.len() >= t * out && matches!(x.nd, 1 | 3));
+    let rt = tile_rows(x.nd);
+    ROWS.with_borrow_mut(|(wexp, sc)| {
+        if wexp.len() < rt * n {
+            wexp.resize(rt * n, 0);
+        }
+        if sc.len() < 2 * rt * ng {
+            sc.resize(2 * rt * ng, 0.0);
+        }
+        let mut r0 = rows.start;
+        while r0 < rows.end {
+            let nr = rt.min(rows.end - r0);
+            for i in 0..nr {
+                let (p, s, b) = a.row(r0 + i);
+                // SAFETY: AVX2 is present; the row holds n/2 bytes, the buffer n per row.
+                unsafe { expand(p, &mut wexp[i * n..(i + 1) * n]) };
+                widen(a.float, s, &mut sc[i * ng..(i + 1) * ng]);
+                widen(a.float, b, &mut sc[(rt + i) * ng..(rt + i + 1) * ng]);
+            }
+            let (sw, bw) = sc.split_at(rt * ng);
+            let w = Rows {
+                wexp,
+                sw,
+                bw,
+                n,
+                ng,
+                bpg: a.group / 32,
+            };
+            for tg in 0..ntg {
+                // SAFETY: rows r0..r0+nr were expanded above; tokens of group tg exist in x
+                // (asserted); the columns are ours (caller).
+                unsafe {
+                    // A whole tile of rows, or (a short last block) one row at a time.
+                    let whole = if nr == rt { rt } else { 0 };
+                    if whole > 0 {
+                        let mut acc = [_mm256_setzero_ps(); 4];
+                        match (x.nd, vnni) {
+                            (1, false) => tile_madd::<1, 4, 2>(&w, &x, tg, &mut acc),
+                            (1, true) => tile_vnni::<1, 4, 2>(&w, &x, tg, &mut acc),
+                            (_, false) => tile_madd::<3, 2, 1>(&w, &x, tg, &mut acc),
+                            (_, true) => tile_vnni::<3, 2, 1>(&w, &x, tg, &mut acc),
+                        }
+                        store(&acc, &w, &x, tg, t, out, y, r0, whole);
+                    }
+                    for i in whole..nr {
+                        let one = Rows {
+                            wexp: &w.wexp[i * n..],
+                            sw: &w.sw[i * ng..],
+                            bw: &w.bw[i * ng..],
+                            ..w
+                        };
+                        let mut acc = [_mm256_setzero_ps(); 4];
+                        match (x.nd, vnni) {
+                            (1, false) => tile_madd::<1, 1, 4>(&one, &x, tg, &mut acc),
+                            (1, true) => tile_vnni::<1, 1, 4>(&one, &x, tg, &mut acc),
+                            (_, false) => tile_madd::<3, 1, 2>(&one, &x, tg, &mut acc),
+                            (_, true) => tile_vnni::<3, 1, 2>(&one, &x, tg, &mut acc),
+                        }
+                        store(&acc, &one, &x, tg, t, out, y, r0 + i, 1);
+                    }
+                }
+            }
+            r0 += nr;
+        }
+    });
+}
+
+/// A few rows expanded for the tile: `wexp` [rows, n] nibbles as bytes, `sw`/`bw` [rows, ng]
+/// scales and biases.
+#[derive(Clone, Copy)]
+struct Rows<'a> {
+    wexp: &'a [u8],
+    sw: &'a [f32],
+    bw: &'a [f32],
+    n: usize,
+    ng: usize,
+    bpg: usize,
+}
+
+/// Row `p` (n/2 packed bytes, element 2k in byte k's low nibble) as n bytes in element order.
+///
+/// # Safety
+/// AVX2 must be present; `dst` holds 2·p.len() bytes, p.len() a multiple of 16.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn expand(p: &[u8], dst: &mut [u8]) {
+    assert!(dst.len() >= 2 * p.len() && p.len().is_multiple_of(16));
+    // SAFETY: loads and stores inside p and dst (asserted).
+    unsafe {
+        let nib = _mm_set1_epi8(0x0F);
+        for (i, c) in p.chunks_exact(16).enumerate() {
+            let v = _mm_loadu_si128(c.as_ptr() as *const _);
+            let lo = _mm_and_si128(v, nib);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), nib);
+            let d = dst.as_mut_ptr().add(32 * i);
+            _mm_storeu_si128(d as *mut _, _mm_unpacklo_epi8(lo, hi));
+            _mm_storeu_si128(d.add(16) as *mut _, _mm_unpackhi_epi8(lo, hi));
+        }
+    }
+}
+
+/// The register tile of `R` rows × eight tokens (group `tg`) at `D` digit rows, each sum kept
+/// in `K` parts: `$acc` accumulates four products per lane into a block sum, `$join` adds two
+/// parts, `$finish` turns a sum into i32. Defined twice, with and without AVX-VNNI.
+macro_rules! tile_kernel {
+    ($name:ident, $features:literal, $acc:ident, $join:ident, $finish:ident) => {
+        /// `acc[r]` (lane l: token 8·tg + l) += Σ_blocks scale·digit factor·Σ q·X for row r.
+        ///
+        /// # Safety
+        /// The features must be present; `w` holds R expanded rows, `x` group tg.
+        #[allow(clippy::needless_range_loop)]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const D: usize, const R: usize, const K: usize>(
+            w: &Rows<'_>,
+            x: &Digits<'_>,
+            tg: usize,
+            acc: &mut [__m256; 4],
+        ) {
+            let (n, nb) = (w.n, w.n / 32);
+            // SAFETY: blocks < nb and rows < R inside the buffers (caller).
+            unsafe {
+                let xb = x.bytes.as_ptr().add(tg * nb * D * 256);
+                let cf = x.coef.as_ptr().add(tg * nb * D * LANES);
+                let wp = w.wexp.as_ptr();
+                let mut out = [_mm256_setzero_ps(); R];
+                let shift = w.bpg.trailing_zeros();
+                for blk in 0..nb {
+                    // K independent sums per (row, digit row), so the chains of dependent
+                    // products (8 per block) overlap.
+                    let mut ak = [[[_mm256_setzero_si256(); D]; R]; K];
+                    let xq = xb.add(blk * D * 256);
+                    let wq = wp.add(blk * 32);
+                    for q in 0..8 {
+                        let mut xv = [_mm256_setzero_si256(); D];
+                        for d in 0..D {
+                            xv[d] = _mm256_loadu_si256(xq.add((d * 8 + q) * 32) as *const _);
+                        }
+                        let ai = &mut ak[q % K];
+                        for r in 0..R {
+                            let at = wq.add(r * n + q * 4) as *const i32;
+                            let wb = _mm256_set1_epi32(std::ptr::read_unaligned(at));
+                            for d in 0..D {
+                                ai[r][d] = $acc(ai[r][d], wb, xv[d]);
+                            }
+                        }
+                    }
+                    let mut ai = ak[0];
+                    for more in &ak[1..] {
+                        for r in 0..R {
+                            for d in 0..D {
+                                ai[r][d] = $join(ai[r][d], more[r][d]);
+                            }
+                        }
+                    }
+                    let c = |d: usize| _mm256_loadu_ps(cf.add((blk * D + d) * LANES));
+                    let g = blk >> shift;
+                    for r in 0..R {
+                        let p = if D == 3 {
+                            // |S| ≤ 32·15·128 per digit row, so S₂·2^8 + S₁ < 2^24: exact.
+                            let a2 = _mm256_slli_epi32::<8>($finish(ai[r][0]));
+                            let a21 = _mm256_add_epi32(a2, $finish(ai[r][1]));
+                            let p = _mm256_mul_ps(_mm256_cvtepi32_ps(a21), c(1));
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps($finish(ai[r][2])), c(2), p)
+                        } else {
+                            _mm256_mul_ps(_mm256_cvtepi32_ps($finish(ai[r][0])), c(0))
+                        };
+                        let s = _mm256_set1_ps(*w.sw.get_unchecked(r * w.ng + g));
+                        out[r] = _mm256_fmadd_ps(p, s, out[r]);
+                    }
+                }
+                acc[..R].copy_from_slice(&out);
+            }
+        }
+    };
+}
+
+/// One broadcast quad's products added to the block's i16 pair sums (`vpmaddubsw`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn acc_madd(a: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_add_epi16(a, _mm256_maddubs_epi16(w, x))
+}
+
+/// The block's i16 pair sums as i32 lane sums.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn finish_madd(a: __m256i) -> __m256i {
+    _mm256_madd_epi16(a, _mm256_set1_epi16(1))
+}
+
+/// One broadcast quad's products added to the block's i32 sums (`vpdpbusd`).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn acc_vnni(a: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    _mm256_dpbusd_avx_epi32(a, w, x)
+}
+
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn finish_vnni(a: __m256i) -> __m256i {
+    a
+}
+
+tile_kernel!(tile_madd, "avx2,fma,f16c", acc_madd, join_16, finish_madd);
+tile_kernel!(tile_vnni, "avx2,fma,f16c,avxvnni", acc_vnni, join_32, finish_vnni);
+
+/// Two partial i16 pair sums of a block joined (together at most 8 products per pair).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn join_16(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi16(a, b)
+}
+
+/// Two partial i32 sums of a block joined.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn join_32(a: __m256i, b: __m256i) -> __m256i {
+    _mm256_add_epi32(a, b)
+}
+
+/// Adds the bias term Σ_g β_rg·Σx_g to rows r0..r0+nr of `acc` and writes them to Y for the
+/// tokens of group `tg` that exist.
+///
+/// # Safety
+/// AVX2 must be present; as [`matmul_rows`].
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn store(
+    acc: &[__m256; 4],
+    w: &Rows<'_>,
+    x: &Digits<'_>,
+    tg: usize,
+    t: usize,
+    out: usize,
+    y: SharedMut<'_, f32>,
+    r0: usize,
+    nr: usize,
+) {
+    let ng = w.ng;
+    // SAFETY: groups < ng of token group tg exist in x.sums; Y's columns are ours (caller).
+    unsafe {
+        let su = x.sums.as_ptr().add(tg * ng * LANES);
+        for (r, &a) in acc.iter().enumerate().take(nr) {
+            let mut v = a;
+            for g in 0..ng {
+                let b = _mm256_set1_ps(w.bw[r * ng + g]);
+                v = _mm256_fmadd_ps(b, _mm256_loadu_ps(su.add(g * LANES)), v);
+            }
+            let mut lanes = [0.0f32; LANES];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+            for (l, &val) in lanes.iter().enumerate().take(t - tg * LANES) {
+                y.write((tg * LANES + l) * out + r0 + r, val);
+            }
+        }
+    }
+}
