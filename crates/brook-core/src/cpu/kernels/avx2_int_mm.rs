@@ -108,10 +108,11 @@ thread_local! {
     static ROWS: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Rows of the register tile at `nd` digits: four for int8, two for Split24's three digit
-/// rows (the registers hold R·D sums, D token vectors, R results).
+/// Rows of the register tile at `nd` digits: two (int8: two rows × two token groups × two
+/// partial sums; Split24: two rows × three digit rows).
 const fn tile_rows(nd: usize) -> usize {
-    if nd == 1 { 4 } else { 2 }
+    let _ = nd;
+    2
 }
 
 /// Writes columns `rows` of Y [t, out] = X Wᵀ for a 4-bit `a` in rows (n a multiple of 32,
@@ -163,21 +164,26 @@ pub(super) unsafe fn matmul_rows(
                 ng,
                 bpg: a.group / 32,
             };
-            for tg in 0..ntg {
-                // SAFETY: rows r0..r0+nr were expanded above; tokens of group tg exist in x
-                // (asserted); the columns are ours (caller).
+            let mut tg = 0;
+            while tg < ntg {
+                // Two token groups at once at int8 where two are left, else one.
+                let tgs = if x.nd == 1 && ntg - tg >= 2 { 2 } else { 1 };
+                // SAFETY: rows r0..r0+nr were expanded above; token groups tg..tg+tgs exist
+                // in x (asserted); the columns are ours (caller).
                 unsafe {
                     // A whole tile of rows, or (a short last block) one row at a time.
                     let whole = if nr == rt { rt } else { 0 };
                     if whole > 0 {
-                        let mut acc = [_mm256_setzero_ps(); 4];
-                        match (x.nd, vnni) {
-                            (1, false) => tile_madd::<1, 4, 2>(&w, &x, tg, &mut acc),
-                            (1, true) => tile_vnni::<1, 4, 2>(&w, &x, tg, &mut acc),
-                            (_, false) => tile_madd::<3, 2, 1>(&w, &x, tg, &mut acc),
-                            (_, true) => tile_vnni::<3, 2, 1>(&w, &x, tg, &mut acc),
+                        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                        match (x.nd, vnni, tgs) {
+                            (1, false, 2) => tile_madd::<1, 2, 2, 2>(&w, &x, tg, &mut acc),
+                            (1, true, 2) => tile_vnni::<1, 2, 2, 2>(&w, &x, tg, &mut acc),
+                            (1, false, _) => tile_madd::<1, 2, 1, 2>(&w, &x, tg, &mut acc),
+                            (1, true, _) => tile_vnni::<1, 2, 1, 2>(&w, &x, tg, &mut acc),
+                            (_, false, _) => tile_madd::<3, 2, 1, 1>(&w, &x, tg, &mut acc),
+                            (_, true, _) => tile_vnni::<3, 2, 1, 1>(&w, &x, tg, &mut acc),
                         }
-                        store(&acc, &w, &x, tg, t, out, y, r0, whole);
+                        store(&acc, &w, &x, tg, tgs, t, out, y, r0, whole);
                     }
                     for i in whole..nr {
                         let one = Rows {
@@ -186,16 +192,26 @@ pub(super) unsafe fn matmul_rows(
                             bw: &w.bw[i * ng..],
                             ..w
                         };
-                        let mut acc = [_mm256_setzero_ps(); 4];
+                        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
                         match (x.nd, vnni) {
-                            (1, false) => tile_madd::<1, 1, 4>(&one, &x, tg, &mut acc),
-                            (1, true) => tile_vnni::<1, 1, 4>(&one, &x, tg, &mut acc),
-                            (_, false) => tile_madd::<3, 1, 2>(&one, &x, tg, &mut acc),
-                            (_, true) => tile_vnni::<3, 1, 2>(&one, &x, tg, &mut acc),
+                            (1, false) => tile_madd::<1, 1, 1, 4>(&one, &x, tg, &mut acc),
+                            (1, true) => tile_vnni::<1, 1, 1, 4>(&one, &x, tg, &mut acc),
+                            (_, false) => tile_madd::<3, 1, 1, 2>(&one, &x, tg, &mut acc),
+                            (_, true) => tile_vnni::<3, 1, 1, 2>(&one, &x, tg, &mut acc),
                         }
-                        store(&acc, &one, &x, tg, t, out, y, r0 + i, 1);
+                        store(&acc, &one, &x, tg, 1, t, out, y, r0 + i, 1);
+                        if tgs == 2 {
+                            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                            if vnni {
+                                tile_vnni::<1, 1, 1, 4>(&one, &x, tg + 1, &mut acc);
+                            } else {
+                                tile_madd::<1, 1, 1, 4>(&one, &x, tg + 1, &mut acc);
+                            }
+                            store(&acc, &one, &x, tg + 1, 1, t, out, y, r0 + i, 1);
+                        }
                     }
                 }
+                tg += tgs;
             }
             r0 += nr;
         }
@@ -241,72 +257,86 @@ unsafe fn expand(p: &[u8], dst: &mut [u8]) {
 /// parts, `$finish` turns a sum into i32. Defined twice, with and without AVX-VNNI.
 macro_rules! tile_kernel {
     ($name:ident, $features:literal, $acc:ident, $join:ident, $finish:ident) => {
-        /// `acc[r]` (lane l: token 8·tg + l) += Σ_blocks scale·digit factor·Σ q·X for row r.
+        /// `acc[r][j]` (lane l: token 8·(tg + j) + l) = Σ_blocks scale·digit factor·Σ q·X
+        /// for row r, for `TG` token groups from `tg`.
         ///
         /// # Safety
-        /// The features must be present; `w` holds R expanded rows, `x` group tg.
+        /// The features must be present; `w` holds R expanded rows, `x` groups tg..tg+TG.
         #[allow(clippy::needless_range_loop)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const D: usize, const R: usize, const K: usize>(
+        unsafe fn $name<const D: usize, const R: usize, const TG: usize, const K: usize>(
             w: &Rows<'_>,
             x: &Digits<'_>,
             tg: usize,
-            acc: &mut [__m256; 4],
+            acc: &mut [[__m256; 2]; 4],
         ) {
             let (n, nb) = (w.n, w.n / 32);
-            // SAFETY: blocks < nb and rows < R inside the buffers (caller).
+            // SAFETY: blocks < nb, rows < R and groups < tg + TG inside the buffers (caller).
             unsafe {
-                let xb = x.bytes.as_ptr().add(tg * nb * D * 256);
-                let cf = x.coef.as_ptr().add(tg * nb * D * LANES);
+                let (xs, cs) = (nb * D * 256, nb * D * LANES);
+                let xb = x.bytes.as_ptr().add(tg * xs);
+                let cf = x.coef.as_ptr().add(tg * cs);
                 let wp = w.wexp.as_ptr();
-                let mut out = [_mm256_setzero_ps(); R];
+                let mut out = [[_mm256_setzero_ps(); TG]; R];
                 let shift = w.bpg.trailing_zeros();
                 for blk in 0..nb {
-                    // K independent sums per (row, digit row), so the chains of dependent
-                    // products (8 per block) overlap.
-                    let mut ak = [[[_mm256_setzero_si256(); D]; R]; K];
-                    let xq = xb.add(blk * D * 256);
+                    // K independent sums per (row, group, digit row), so the chains of
+                    // dependent products (8 per block) overlap.
+                    let mut ak = [[[[_mm256_setzero_si256(); D]; TG]; R]; K];
                     let wq = wp.add(blk * 32);
                     for q in 0..8 {
-                        let mut xv = [_mm256_setzero_si256(); D];
-                        for d in 0..D {
-                            xv[d] = _mm256_loadu_si256(xq.add((d * 8 + q) * 32) as *const _);
+                        let mut xv = [[_mm256_setzero_si256(); D]; TG];
+                        for j in 0..TG {
+                            for d in 0..D {
+                                let at = xb.add(j * xs + blk * D * 256 + (d * 8 + q) * 32);
+                                xv[j][d] = _mm256_loadu_si256(at as *const _);
+                            }
                         }
                         let ai = &mut ak[q % K];
                         for r in 0..R {
                             let at = wq.add(r * n + q * 4) as *const i32;
                             let wb = _mm256_set1_epi32(std::ptr::read_unaligned(at));
-                            for d in 0..D {
-                                ai[r][d] = $acc(ai[r][d], wb, xv[d]);
+                            for j in 0..TG {
+                                for d in 0..D {
+                                    ai[r][j][d] = $acc(ai[r][j][d], wb, xv[j][d]);
+                                }
                             }
                         }
                     }
                     let mut ai = ak[0];
                     for more in &ak[1..] {
                         for r in 0..R {
-                            for d in 0..D {
-                                ai[r][d] = $join(ai[r][d], more[r][d]);
+                            for j in 0..TG {
+                                for d in 0..D {
+                                    ai[r][j][d] = $join(ai[r][j][d], more[r][j][d]);
+                                }
                             }
                         }
                     }
-                    let c = |d: usize| _mm256_loadu_ps(cf.add((blk * D + d) * LANES));
                     let g = blk >> shift;
-                    for r in 0..R {
-                        let p = if D == 3 {
-                            // |S| ≤ 32·15·128 per digit row, so S₂·2^8 + S₁ < 2^24: exact.
-                            let a2 = _mm256_slli_epi32::<8>($finish(ai[r][0]));
-                            let a21 = _mm256_add_epi32(a2, $finish(ai[r][1]));
-                            let p = _mm256_mul_ps(_mm256_cvtepi32_ps(a21), c(1));
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps($finish(ai[r][2])), c(2), p)
-                        } else {
-                            _mm256_mul_ps(_mm256_cvtepi32_ps($finish(ai[r][0])), c(0))
-                        };
-                        let s = _mm256_set1_ps(*w.sw.get_unchecked(r * w.ng + g));
-                        out[r] = _mm256_fmadd_ps(p, s, out[r]);
+                    for j in 0..TG {
+                        let c = |d: usize| _mm256_loadu_ps(cf.add(j * cs + (blk * D + d) * LANES));
+                        for r in 0..R {
+                            let a = &ai[r][j];
+                            let p = if D == 3 {
+                                // |S| ≤ 32·15·128 per digit row, so S₂·2^8 + S₁ < 2^24:
+                                // exact.
+                                let a2 = _mm256_slli_epi32::<8>($finish(a[0]));
+                                let a21 = _mm256_add_epi32(a2, $finish(a[1]));
+                                let p = _mm256_mul_ps(_mm256_cvtepi32_ps(a21), c(1));
+                                _mm256_fmadd_ps(_mm256_cvtepi32_ps($finish(a[2])), c(2), p)
+                            } else {
+                                _mm256_mul_ps(_mm256_cvtepi32_ps($finish(a[0])), c(0))
+                            };
+                            let s = _mm256_set1_ps(*w.sw.get_unchecked(r * w.ng + g));
+                            out[r][j] = _mm256_fmadd_ps(p, s, out[r][j]);
+                        }
                     }
                 }
-                acc[..R].copy_from_slice(&out);
+                for r in 0..R {
+                    acc[r][..TG].copy_from_slice(&out[r]);
+                }
             }
         }
     };
@@ -340,7 +370,13 @@ unsafe fn finish_vnni(a: __m256i) -> __m256i {
 }
 
 tile_kernel!(tile_madd, "avx2,fma,f16c", acc_madd, join_16, finish_madd);
-tile_kernel!(tile_vnni, "avx2,fma,f16c,avxvnni", acc_vnni, join_32, finish_vnni);
+tile_kernel!(
+    tile_vnni,
+    "avx2,fma,f16c,avxvnni",
+    acc_vnni,
+    join_32,
+    finish_vnni
+);
 
 /// Two partial i16 pair sums of a block joined (together at most 8 products per pair).
 #[inline]
@@ -357,7 +393,7 @@ unsafe fn join_32(a: __m256i, b: __m256i) -> __m256i {
 }
 
 /// Adds the bias term Σ_g β_rg·Σx_g to rows r0..r0+nr of `acc` and writes them to Y for the
-/// tokens of group `tg` that exist.
+/// tokens of groups tg..tg+tgs that exist.
 ///
 /// # Safety
 /// AVX2 must be present; as [`matmul_rows`].
@@ -365,10 +401,11 @@ unsafe fn join_32(a: __m256i, b: __m256i) -> __m256i {
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn store(
-    acc: &[__m256; 4],
+    acc: &[[__m256; 2]; 4],
     w: &Rows<'_>,
     x: &Digits<'_>,
     tg: usize,
+    tgs: usize,
     t: usize,
     out: usize,
     y: SharedMut<'_, f32>,
@@ -376,19 +413,23 @@ unsafe fn store(
     nr: usize,
 ) {
     let ng = w.ng;
-    // SAFETY: groups < ng of token group tg exist in x.sums; Y's columns are ours (caller).
+    // SAFETY: groups < ng of token groups tg..tg+tgs exist in x.sums; Y's columns are ours
+    // (caller).
     unsafe {
-        let su = x.sums.as_ptr().add(tg * ng * LANES);
-        for (r, &a) in acc.iter().enumerate().take(nr) {
-            let mut v = a;
-            for g in 0..ng {
-                let b = _mm256_set1_ps(w.bw[r * ng + g]);
-                v = _mm256_fmadd_ps(b, _mm256_loadu_ps(su.add(g * LANES)), v);
-            }
-            let mut lanes = [0.0f32; LANES];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-            for (l, &val) in lanes.iter().enumerate().take(t - tg * LANES) {
-                y.write((tg * LANES + l) * out + r0 + r, val);
+        for j in 0..tgs {
+            let su = x.sums.as_ptr().add((tg + j) * ng * LANES);
+            for (r, a) in acc.iter().enumerate().take(nr) {
+                let mut v = a[j];
+                for g in 0..ng {
+                    let b = _mm256_set1_ps(w.bw[r * ng + g]);
+                    v = _mm256_fmadd_ps(b, _mm256_loadu_ps(su.add(g * LANES)), v);
+                }
+                let mut lanes = [0.0f32; LANES];
+                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
+                let base = (tg + j) * LANES;
+                for (l, &val) in lanes.iter().enumerate().take(t - base) {
+                    y.write((base + l) * out + r0 + r, val);
+                }
             }
         }
     }
