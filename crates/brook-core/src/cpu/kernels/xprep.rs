@@ -1,35 +1,38 @@
 //! Activation preparation for the decode kernels: [`XPrep`] holds x in the order a kernel
 //! unpacks weights, its per-group sums (for the folded MLX bias), and the integer digits the
-//! VNNI kernels read, for the [`Precision`] chosen.
+//! integer kernels read (AVX-512 VNNI's tiles, AVX2's rows), for the [`Precision`] chosen.
 
 use crate::cpu::SimdLevel;
 
 /// How the 4-bit products multiply weights with the activations: the decode matvec, and the
-/// prefill matmul (which at Split24 and Fast runs the integer tile of `avx512_vnni_mm.rs`).
+/// prefill matmul (which at Split24 and Fast runs an integer tile: `avx512_vnni_mm.rs` with
+/// AVX-512 VNNI, `avx2_int_mm.rs` on AVX2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Precision {
     /// `--precision exact`, the default: f32 products and sums (FMA), as the reference. Where
-    /// AVX-512 VNNI exists, 4-bit products take Split24's digits instead (it is exact too):
-    /// the one-token kernels always,
-    /// the forward pass's prefill through `Exec::batch_precision`.
+    /// an integer kernel exists (AVX-512 VNNI, or AVX2), 4-bit products take Split24's digits
+    /// instead (it is exact too): the one-token kernels always, the forward pass's prefill
+    /// through `Exec::batch_precision` with AVX-512 VNNI only (on AVX2 the f32 tile is as
+    /// fast).
     #[default]
     Exact,
     /// Each activation x is written exactly to 2^-23 of its 32-element block's largest |x|
     /// as a 24-bit integer X = x·2^k (k per block), split into three signed bytes, and Σ q·X
     /// is computed with integer dot products (AVX-512 VNNI `vpdpbusd`, 64 products per
-    /// instruction), then scaled back in f32. The error per product is below half an f32 ulp
-    /// of the block's largest activation, so results agree with [`Precision::Exact`] to f32
-    /// rounding; the fixture tests hold at the same bounds. Needs AVX-512 VNNI; elsewhere,
-    /// and for widths other than 4 bits, it runs as `Exact`.
+    /// instruction; on AVX2 `vpmaddubsw` + `vpmaddwd`, or AVX-VNNI's 32-product `vpdpbusd`),
+    /// then scaled back in f32. The error per product is below half an f32 ulp of the
+    /// block's largest activation, so results agree with [`Precision::Exact`] to f32
+    /// rounding; the fixture tests hold at the same bounds. Needs AVX2 or AVX-512 VNNI;
+    /// elsewhere, and for widths other than 4 bits, it runs as `Exact`.
     Split24,
     /// Lossy (`--precision fast`): each 32-element block of x is rounded to int8 with its
     /// own scale d = max|x|/127 (llama.cpp's Q8 activations), and 4-bit weights multiply it
-    /// with `vpdpbusd`, two instructions per 64 weight bytes (Split24: six). Scales, biases and the bias
-    /// term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a row's error is
-    /// bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX-512 VNNI; elsewhere, and for
-    /// widths other than 4 bits, the products run as `Exact`. [`crate::cpu::CpuModel`] also
-    /// keeps the DeltaNet states in bf16 while it decodes at this precision
-    /// ([`crate::cpu::state`]).
+    /// with integer dot products (one digit row where Split24 takes three). Scales, biases
+    /// and the bias term Σβ·Σx stay f32 (exact Σx). Error per product ≤ |q·s|·d/2, so a
+    /// row's error is bounded by Σ_blocks d_b/2 · Σ_{i∈b} |s q_i|. Needs AVX2 or AVX-512
+    /// VNNI; elsewhere, and for widths other than 4 bits, the products run as `Exact`.
+    /// [`crate::cpu::CpuModel`] also keeps the DeltaNet states in bf16 while it decodes at
+    /// this precision ([`crate::cpu::state`]).
     Fast,
 }
 
