@@ -286,16 +286,7 @@ fn split24_matvec_matches_reference_on_every_integer_kernel() {
             for float in FLOATS {
                 for (out, inp) in [(7, 128), (33, 2048), (5, 96.max(group)), (1001, 512)] {
                     let inp = inp / group * group;
-                    let w = random_linear(
-                        &mut rng,
-                        out,
-                        inp,
-                        Format::Affine {
-                            bits: 4,
-                            group,
-                            float,
-                        },
-                    );
+                    let w = common::q4(&mut rng, out, inp, group, float);
                     let mut x = rng.vec(inp, 1.0);
                     spread_magnitudes(&mut x);
                     let mut want = vec![0.0; out];
@@ -333,16 +324,7 @@ fn split24_matmul_matches_reference_on_every_integer_kernel() {
                     [(7, 128, 1), (33, 2048, 9), (16, 160, 3), (50, 4096, 21)][case % 4];
                 case += 1;
                 let inp = inp.max(group) / group * group;
-                let w = random_linear(
-                    &mut rng,
-                    out,
-                    inp,
-                    Format::Affine {
-                        bits: 4,
-                        group,
-                        float,
-                    },
-                );
+                let w = common::q4(&mut rng, out, inp, group, float);
                 let mut x = rng.vec(t * inp, 1.0);
                 spread_magnitudes(&mut x);
                 let mut want = vec![0.0; t * out];

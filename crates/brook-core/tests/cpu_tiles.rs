@@ -15,22 +15,9 @@ use brook_core::linear::{Linear, Order, Weights, untile_bytes};
 use brook_core::model::Model;
 use brook_core::model::open::OpenOptions;
 use common::bounds::{TOL, assert_close, bounds, row_scales};
-use common::fixture;
+use common::{fixture, q4};
 
 const FLOATS: [DType; 3] = [DType::BF16, DType::F16, DType::F32];
-
-fn q4(rng: &mut Rng, out: usize, inp: usize, group: usize, float: DType) -> Linear {
-    random_linear(
-        rng,
-        out,
-        inp,
-        Format::Affine {
-            bits: 4,
-            group,
-            float,
-        },
-    )
-}
 
 fn tiled(w: &Linear) -> Linear {
     let mut t = w.clone();

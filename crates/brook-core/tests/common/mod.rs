@@ -124,3 +124,24 @@ pub fn prepare_int(
     xp.set_avx_vnni(avx_vnni);
     xp.prepare_with(level, precision, x);
 }
+
+/// A random 4-bit affine matrix [out, inp] with groups of `group` and scales of `float`.
+pub fn q4(
+    rng: &mut brook_core::cpu::testutil::Rng,
+    out: usize,
+    inp: usize,
+    group: usize,
+    float: DType,
+) -> brook_core::linear::Linear {
+    use brook_core::cpu::testutil::{Format, random_linear};
+    random_linear(
+        rng,
+        out,
+        inp,
+        Format::Affine {
+            bits: 4,
+            group,
+            float,
+        },
+    )
+}
