@@ -9,7 +9,7 @@
 //! eight tokens' bytes at once, so each (row, eight tokens) sum stays in one register with no
 //! horizontal sums and no re-layout of the weights beyond the expansion. Integer sums are
 //! scaled once per 32 elements by the tokens' digit factors and the row's group scale; the
-//! MLX bias term (β·Σx per group) is added once per row. Without AVX-VNNI, `vpmaddubsw`
+//! MLX bias term (β·Σx per group) is added as each group ends. Without AVX-VNNI, `vpmaddubsw`
 //! results of a 32-element block add in i16 (|·| ≤ 8·2·15·128 < 2^15) before one `vpmaddwd`.
 //! No allocation beyond per-thread buffers that only grow; shapes are checked by
 //! `qmatmul.rs`. Mirrors `avx512_vnni_mm.rs` (the same sums, in another order).
@@ -183,7 +183,7 @@ pub(super) unsafe fn matmul_rows(
                             (_, false, _) => tile_madd::<3, 2, 1, 1>(&w, &x, tg, &mut acc),
                             (_, true, _) => tile_vnni::<3, 2, 1, 1>(&w, &x, tg, &mut acc),
                         }
-                        store(&acc, &w, &x, tg, tgs, t, out, y, r0, whole);
+                        store(&acc, tg, tgs, t, out, y, r0, whole);
                     }
                     for i in whole..nr {
                         let one = Rows {
@@ -199,7 +199,7 @@ pub(super) unsafe fn matmul_rows(
                             (_, false) => tile_madd::<3, 1, 1, 2>(&one, &x, tg, &mut acc),
                             (_, true) => tile_vnni::<3, 1, 1, 2>(&one, &x, tg, &mut acc),
                         }
-                        store(&acc, &one, &x, tg, 1, t, out, y, r0 + i, 1);
+                        store(&acc, tg, 1, t, out, y, r0 + i, 1);
                         if tgs == 2 {
                             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
                             if vnni {
@@ -207,7 +207,7 @@ pub(super) unsafe fn matmul_rows(
                             } else {
                                 tile_madd::<1, 1, 1, 4>(&one, &x, tg + 1, &mut acc);
                             }
-                            store(&acc, &one, &x, tg + 1, 1, t, out, y, r0 + i, 1);
+                            store(&acc, tg + 1, 1, t, out, y, r0 + i, 1);
                         }
                     }
                 }
@@ -240,12 +240,24 @@ unsafe fn expand(p: &[u8], dst: &mut [u8]) {
     assert!(dst.len() >= 2 * p.len() && p.len().is_multiple_of(16));
     // SAFETY: loads and stores inside p and dst (asserted).
     unsafe {
-        let nib = _mm_set1_epi8(0x0F);
-        for (i, c) in p.chunks_exact(16).enumerate() {
-            let v = _mm_loadu_si128(c.as_ptr() as *const _);
+        let nib = _mm256_set1_epi8(0x0F);
+        let whole = p.len() / 32;
+        for i in 0..whole {
+            let v = _mm256_loadu_si256(p.as_ptr().add(32 * i) as *const _);
+            let lo = _mm256_and_si256(v, nib);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+            // Per 128-bit lane: bytes 0-7 and 8-15 of each half interleaved.
+            let (a, b) = (_mm256_unpacklo_epi8(lo, hi), _mm256_unpackhi_epi8(lo, hi));
+            let d = dst.as_mut_ptr().add(64 * i);
+            _mm256_storeu_si256(d as *mut _, _mm256_permute2x128_si256::<0x20>(a, b));
+            _mm256_storeu_si256(d.add(32) as *mut _, _mm256_permute2x128_si256::<0x31>(a, b));
+        }
+        if p.len() % 32 != 0 {
+            let v = _mm_loadu_si128(p.as_ptr().add(32 * whole) as *const _);
+            let nib = _mm_set1_epi8(0x0F);
             let lo = _mm_and_si128(v, nib);
             let hi = _mm_and_si128(_mm_srli_epi16::<4>(v), nib);
-            let d = dst.as_mut_ptr().add(32 * i);
+            let d = dst.as_mut_ptr().add(64 * whole);
             _mm_storeu_si128(d as *mut _, _mm_unpacklo_epi8(lo, hi));
             _mm_storeu_si128(d.add(16) as *mut _, _mm_unpackhi_epi8(lo, hi));
         }
@@ -258,7 +270,7 @@ unsafe fn expand(p: &[u8], dst: &mut [u8]) {
 macro_rules! tile_kernel {
     ($name:ident, $features:literal, $acc:ident, $join:ident, $finish:ident) => {
         /// `acc[r][j]` (lane l: token 8·(tg + j) + l) = Σ_blocks scale·digit factor·Σ q·X
-        /// for row r, for `TG` token groups from `tg`.
+        /// + Σ_groups β·Σx for row r, for `TG` token groups from `tg`.
         ///
         /// # Safety
         /// The features must be present; `w` holds R expanded rows, `x` groups tg..tg+TG.
@@ -333,6 +345,17 @@ macro_rules! tile_kernel {
                             out[r][j] = _mm256_fmadd_ps(p, s, out[r][j]);
                         }
                     }
+                    if (blk + 1) & (w.bpg - 1) == 0 {
+                        // The group's MLX bias term, β·Σx.
+                        for j in 0..TG {
+                            let sx = x.sums.as_ptr().add(((tg + j) * w.ng + g) * LANES);
+                            let sx = _mm256_loadu_ps(sx);
+                            for r in 0..R {
+                                let b = _mm256_set1_ps(*w.bw.get_unchecked(r * w.ng + g));
+                                out[r][j] = _mm256_fmadd_ps(b, sx, out[r][j]);
+                            }
+                        }
+                    }
                 }
                 for r in 0..R {
                     acc[r][..TG].copy_from_slice(&out[r]);
@@ -392,8 +415,7 @@ unsafe fn join_32(a: __m256i, b: __m256i) -> __m256i {
     _mm256_add_epi32(a, b)
 }
 
-/// Adds the bias term Σ_g β_rg·Σx_g to rows r0..r0+nr of `acc` and writes them to Y for the
-/// tokens of groups tg..tg+tgs that exist.
+/// Writes rows r0..r0+nr of `acc` to Y for the tokens of groups tg..tg+tgs that exist.
 ///
 /// # Safety
 /// AVX2 must be present; as [`matmul_rows`].
@@ -402,8 +424,6 @@ unsafe fn join_32(a: __m256i, b: __m256i) -> __m256i {
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn store(
     acc: &[[__m256; 2]; 4],
-    w: &Rows<'_>,
-    x: &Digits<'_>,
     tg: usize,
     tgs: usize,
     t: usize,
@@ -412,21 +432,13 @@ unsafe fn store(
     r0: usize,
     nr: usize,
 ) {
-    let ng = w.ng;
-    // SAFETY: groups < ng of token groups tg..tg+tgs exist in x.sums; Y's columns are ours
-    // (caller).
+    // SAFETY: Y's columns r0..r0+nr are ours (caller); tokens below t exist.
     unsafe {
         for j in 0..tgs {
-            let su = x.sums.as_ptr().add((tg + j) * ng * LANES);
+            let base = (tg + j) * LANES;
             for (r, a) in acc.iter().enumerate().take(nr) {
-                let mut v = a[j];
-                for g in 0..ng {
-                    let b = _mm256_set1_ps(w.bw[r * ng + g]);
-                    v = _mm256_fmadd_ps(b, _mm256_loadu_ps(su.add(g * LANES)), v);
-                }
                 let mut lanes = [0.0f32; LANES];
-                _mm256_storeu_ps(lanes.as_mut_ptr(), v);
-                let base = (tg + j) * LANES;
+                _mm256_storeu_ps(lanes.as_mut_ptr(), a[j]);
                 for (l, &val) in lanes.iter().enumerate().take(t - base) {
                     y.write((base + l) * out + r0 + r, val);
                 }
