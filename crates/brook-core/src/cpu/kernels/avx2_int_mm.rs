@@ -252,7 +252,7 @@ unsafe fn expand(p: &[u8], dst: &mut [u8]) {
             _mm256_storeu_si256(d as *mut _, _mm256_permute2x128_si256::<0x20>(a, b));
             _mm256_storeu_si256(d.add(32) as *mut _, _mm256_permute2x128_si256::<0x31>(a, b));
         }
-        if p.len() % 32 != 0 {
+        if !p.len().is_multiple_of(32) {
             let v = _mm_loadu_si128(p.as_ptr().add(32 * whole) as *const _);
             let nib = _mm_set1_epi8(0x0F);
             let lo = _mm_and_si128(v, nib);
