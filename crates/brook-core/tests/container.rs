@@ -187,17 +187,20 @@ fn repack_killed(src: &RepackSource<'_>, out: &Path, kill_after: usize) -> bool 
     .is_err()
 }
 
+/// One whole repack of `src` into `out`: (its files, the progress reports it made).
+fn repack_counted(src: &RepackSource<'_>, out: &Path) -> (Vec<(PathBuf, Vec<u8>)>, usize) {
+    let mut calls = 0;
+    repack(src, out, &mut |_| calls += 1).expect("repack");
+    (snapshot(out), calls)
+}
+
 #[test]
 fn repack_killed_at_any_point_resumes_to_an_identical_container() {
     let dir = tempfile::tempdir().expect("tmp");
-    let whole = dir.path().join("whole");
-    repack_to("next-mixed", &whole);
-    let want = snapshot(&whole);
     let ck = Checkpoint::open(&fixture("next-mixed")).expect("open");
     let src = RepackSource::from_checkpoint(&ck).expect("source");
     // Progress is reported after every dense tensor chunk and every expert (4 layers × 8).
-    let mut total_calls = 0;
-    repack(&src, &dir.path().join("count"), &mut |_| total_calls += 1).expect("repack");
+    let (want, total_calls) = repack_counted(&src, &dir.path().join("whole"));
     let dense_calls = total_calls - 32;
     let points = [
         1,
@@ -232,13 +235,9 @@ fn repack_killed_at_any_point_resumes_to_an_identical_container() {
 #[test]
 fn a_resumed_repack_redoes_files_its_state_lists_but_the_disk_lost() {
     let dir = tempfile::tempdir().expect("tmp");
-    let whole = dir.path().join("whole");
-    repack_to("next-mixed", &whole);
-    let want = snapshot(&whole);
     let ck = Checkpoint::open(&fixture("next-mixed")).expect("open");
     let src = RepackSource::from_checkpoint(&ck).expect("source");
-    let mut total_calls = 0;
-    repack(&src, &dir.path().join("count"), &mut |_| total_calls += 1).expect("repack");
+    let (want, total_calls) = repack_counted(&src, &dir.path().join("whole"));
     // Killed during the last expert: the state lists the dense file and three layers done.
     let out = dir.path().join("killed");
     assert!(repack_killed(&src, &out, total_calls - 1));
