@@ -83,23 +83,7 @@ pub(super) unsafe fn prepare(
         }
     }
     // Σx per 64 and 128 elements: pairs of the previous width, lane by lane.
-    for k in 1..3 {
-        let (lo, hi) = sums.split_at_mut(k);
-        let (prev, next) = (&lo[k - 1], &mut hi[0]);
-        next.clear();
-        if !n.is_multiple_of(32 << k) {
-            continue;
-        }
-        let per = nb >> (k - 1); // groups of the previous width per token group
-        for tg in 0..ntg {
-            for j in 0..per / 2 {
-                for l in 0..LANES {
-                    let at = (tg * per + 2 * j) * LANES + l;
-                    next.push(prev[at] + prev[at + LANES]);
-                }
-            }
-        }
-    }
+    super::xprep::pair_sums(sums, n, LANES);
 }
 
 thread_local! {
@@ -108,12 +92,9 @@ thread_local! {
     static ROWS: RefCell<(Vec<u8>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Rows of the register tile at `nd` digits: two (int8: two rows × two token groups × two
-/// partial sums; Split24: two rows × three digit rows).
-const fn tile_rows(nd: usize) -> usize {
-    let _ = nd;
-    2
-}
+/// Rows of the register tile: two (int8: two rows × two token groups × two partial sums;
+/// Split24: two rows × three digit rows).
+const TILE_ROWS: usize = 2;
 
 /// Writes columns `rows` of Y [t, out] = X Wᵀ for a 4-bit `a` in rows (n a multiple of 32,
 /// group 32, 64 or 128) from the tokens' digits; `vnni` takes AVX-VNNI's instruction.
@@ -137,7 +118,7 @@ pub(super) unsafe fn matmul_rows(
     assert!(a.bits == 4 && n.is_multiple_of(32) && matches!(a.group, 32 | 64 | 128));
     assert!(x.bytes.len() >= ntg * nb * x.nd * 256 && x.coef.len() >= ntg * nb * x.nd * LANES);
     assert!(x.sums.len() >= ntg * ng * LANES && y.len() >= t * out && matches!(x.nd, 1 | 3));
-    let rt = tile_rows(x.nd);
+    let rt = TILE_ROWS;
     ROWS.with_borrow_mut(|(wexp, sc)| {
         if wexp.len() < rt * n {
             wexp.resize(rt * n, 0);
@@ -192,22 +173,15 @@ pub(super) unsafe fn matmul_rows(
                             bw: &w.bw[i * ng..],
                             ..w
                         };
-                        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                        match (x.nd, vnni) {
-                            (1, false) => tile_madd::<1, 1, 1, 4>(&one, &x, tg, &mut acc),
-                            (1, true) => tile_vnni::<1, 1, 1, 4>(&one, &x, tg, &mut acc),
-                            (_, false) => tile_madd::<3, 1, 1, 2>(&one, &x, tg, &mut acc),
-                            (_, true) => tile_vnni::<3, 1, 1, 2>(&one, &x, tg, &mut acc),
-                        }
-                        store(&acc, tg, 1, t, out, y, r0 + i, 1);
-                        if tgs == 2 {
+                        for g in tg..tg + tgs {
                             let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                            if vnni {
-                                tile_vnni::<1, 1, 1, 4>(&one, &x, tg + 1, &mut acc);
-                            } else {
-                                tile_madd::<1, 1, 1, 4>(&one, &x, tg + 1, &mut acc);
+                            match (x.nd, vnni) {
+                                (1, false) => tile_madd::<1, 1, 1, 4>(&one, &x, g, &mut acc),
+                                (1, true) => tile_vnni::<1, 1, 1, 4>(&one, &x, g, &mut acc),
+                                (_, false) => tile_madd::<3, 1, 1, 2>(&one, &x, g, &mut acc),
+                                (_, true) => tile_vnni::<3, 1, 1, 2>(&one, &x, g, &mut acc),
                             }
-                            store(&acc, tg + 1, 1, t, out, y, r0 + i, 1);
+                            store(&acc, g, 1, t, out, y, r0 + i, 1);
                         }
                     }
                 }

@@ -39,8 +39,7 @@ pub struct XBatch {
     coef: Vec<f32>,  // [t, n/32, nd]: the factor of each digit's sums
     sums: [Vec<f32>; 3], // [t, n/g] for g = 32, 64, 128: Σx per group (empty if g ∤ n)
     avx2: bool,      // digits, coef and sums in the AVX2 kernels' token layout instead
-    avnni: bool,     // the AVX2 kernels take AVX-VNNI's instruction
-    no_avx_vnni: bool, // ... never (`set_avx_vnni`)
+    no_avx_vnni: bool, // the AVX2 kernels never take AVX-VNNI (`set_avx_vnni`)
 }
 
 impl XBatch {
@@ -54,40 +53,33 @@ impl XBatch {
     }
 
     /// Prepares x [t, n] (t = x.len() / n) for products at `precision`: Split24 and Fast add
-    /// the activation digits of the VNNI tile where this CPU has it and 32 divides n.
+    /// the activation digits of an integer tile (AVX-512 VNNI's, or AVX2's) where this CPU
+    /// has it and 32 divides n.
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32], n: usize) {
         let t = x.len() / n.max(1);
         self.nd = 0;
         self.avx2 = false;
-        if precision != Precision::Exact
-            && level == SimdLevel::Avx512
-            && SimdLevel::has_vnni()
-            && n.is_multiple_of(32)
-        {
-            self.fill_digits(precision, &x[..t * n], n);
-        } else if precision != Precision::Exact
-            && cfg!(target_arch = "x86_64")
-            && level == SimdLevel::Avx2
-            && level.is_supported()
-            && n.is_multiple_of(32)
-            && n > 0
-        {
+        if precision != Precision::Exact && n.is_multiple_of(32) {
             let nd = if precision == Precision::Fast { 1 } else { 3 };
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: AVX2 is supported (checked above).
-            unsafe {
-                super::avx2_int_mm::prepare(
-                    nd,
-                    &x[..t * n],
-                    n,
-                    &mut self.digits,
-                    &mut self.coef,
-                    &mut self.sums,
-                )
-            };
-            self.nd = nd;
-            self.avx2 = true;
-            self.avnni = SimdLevel::has_avx_vnni() && !self.no_avx_vnni;
+            let xs = &x[..t * n];
+            if level == SimdLevel::Avx512 && SimdLevel::has_vnni() {
+                let (d, c) = (&mut self.digits, &mut self.coef);
+                super::xprep::digits_and_sums(nd, xs, n, d, c, &mut self.sums);
+                self.nd = nd;
+            } else if cfg!(target_arch = "x86_64")
+                && level == SimdLevel::Avx2
+                && level.is_supported()
+                && n > 0
+            {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: AVX2 is supported (checked above).
+                unsafe {
+                    let (d, c) = (&mut self.digits, &mut self.coef);
+                    super::avx2_int_mm::prepare(nd, xs, n, d, c, &mut self.sums)
+                };
+                self.nd = nd;
+                self.avx2 = true;
+            }
         }
         self.level = Some(level);
         self.t = t;
@@ -121,7 +113,7 @@ impl XBatch {
 
     /// Whether the AVX2 integer kernels may take AVX-VNNI's instruction where the CPU has it
     /// (the default); off, they run `vpmaddubsw` + `vpmaddwd` as on CPUs without it. For
-    /// tests and benchmarks that compare the two; applies from the next preparation.
+    /// tests and benchmarks that compare the two.
     pub fn set_avx_vnni(&mut self, on: bool) {
         self.no_avx_vnni = !on;
     }
@@ -129,17 +121,6 @@ impl XBatch {
     /// Tokens prepared.
     pub fn tokens(&self) -> usize {
         self.t
-    }
-
-    /// The digits and group sums of [`XBatch::prepare_with`] (VNNI only).
-    fn fill_digits(&mut self, precision: Precision, x: &[f32], n: usize) {
-        let nd = if precision == Precision::Split24 {
-            3
-        } else {
-            1
-        };
-        super::xprep::digits_and_sums(nd, x, n, &mut self.digits, &mut self.coef, &mut self.sums);
-        self.nd = nd;
     }
 }
 
@@ -187,10 +168,11 @@ pub unsafe fn matmul_rows(
             coef: &xb.coef,
             sums: &xb.sums[k],
         };
+        let vnni = SimdLevel::has_avx_vnni() && !xb.no_avx_vnni;
         // SAFETY: the AVX2 digits are only prepared where AVX2 runs (AVX-VNNI where
         // detected); `w` passed `check`, the batch holds t tokens of n = 32·blocks and Y
         // t·out elements (asserted above); the caller gave us columns `rows` alone.
-        unsafe { super::avx2_int_mm::matmul_rows(&a, x, xb.avnni, t, out, y, rows) };
+        unsafe { super::avx2_int_mm::matmul_rows(&a, x, vnni, t, out, y, rows) };
         return;
     }
     #[cfg(target_arch = "x86_64")]

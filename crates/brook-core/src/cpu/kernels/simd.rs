@@ -37,8 +37,8 @@ impl SimdLevel {
                 .rev()
                 .find(|l| l.probe())
                 .unwrap_or(SimdLevel::Portable);
-            match std::env::var("BROOK_SIMD") {
-                Ok(want) if !want.is_empty() => match Self::from_name(&want) {
+            match requested() {
+                Some(want) => match Self::from_name(want) {
                     Some(l) if l <= best => l,
                     Some(l) => {
                         tracing::warn!(
@@ -104,8 +104,7 @@ impl SimdLevel {
         *VNNI.get_or_init(|| {
             #[cfg(target_arch = "x86_64")]
             {
-                let plain = std::env::var("BROOK_SIMD")
-                    .is_ok_and(|v| v.trim().eq_ignore_ascii_case("avx2"));
+                let plain = requested().is_some_and(|v| v.trim().eq_ignore_ascii_case("avx2"));
                 !plain && SimdLevel::Avx2.is_supported() && is_x86_feature_detected!("avxvnni")
             }
             #[cfg(not(target_arch = "x86_64"))]
@@ -163,4 +162,11 @@ impl SimdLevel {
     fn probe(self) -> bool {
         self == SimdLevel::Portable
     }
+}
+
+/// `BROOK_SIMD` as set (read once), unless empty.
+fn requested() -> Option<&'static str> {
+    static WANT: OnceLock<Option<String>> = OnceLock::new();
+    WANT.get_or_init(|| std::env::var("BROOK_SIMD").ok().filter(|v| !v.is_empty()))
+        .as_deref()
 }

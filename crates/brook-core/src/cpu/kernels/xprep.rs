@@ -53,12 +53,24 @@ pub struct XPrep {
     pub(crate) x: Vec<f32>, // [n] as given
     lanes: Vec<f32>,        // [n rounded up to a lane block] x in 4-bit lane order (x86 only)
     sums: [Vec<f32>; 3],    // [n/32], [n/64], [n/128]: Σx per group; empty when n % g ≠ 0
-    tnd: usize,             // digits per element in `tiles`: 0 (none), 1 (Fast) or 3 (else)
-    tiles: Vec<i8>,         // [n/32, tnd, 32]: each 32-block's digits in element order
-    tcoef: Vec<f32>,        // [n/32, tnd]: the factor of each digit row's sums
-    and: usize,             // as tnd, for the AVX2 kernels' layout in `tiles` and `tcoef`
-    avnni: bool,            // the AVX2 kernels take AVX-VNNI's instruction
-    no_avx_vnni: bool,      // ... never (`set_avx_vnni`)
+    digits: DigitLayout,    // what `tiles` and `tcoef` hold
+    tiles: Vec<i8>,         // the digits (see `DigitLayout`)
+    tcoef: Vec<f32>,        // the factor of each digit row's sums
+    no_avx_vnni: bool,      // the AVX2 kernels never take AVX-VNNI (`set_avx_vnni`)
+}
+
+/// Which integer kernels' digits an [`XPrep`] holds, at how many digit rows per element
+/// (1 for Fast, 3 for Split24).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+enum DigitLayout {
+    /// None: the f32 kernels run.
+    #[default]
+    None,
+    /// AVX-512 VNNI's 16-row tiles: [n/32, nd, 32] bytes in element order, [n/32, nd] factors.
+    Tiles(usize),
+    /// AVX2's rows (`avx2_int.rs`): [n/64 rounded up, nd, 2, 32] bytes in the rows' even/odd
+    /// nibble order, [chunks, nd, 8] factors.
+    Avx2(usize),
 }
 
 impl XPrep {
@@ -78,11 +90,9 @@ impl XPrep {
                 Vec::with_capacity(n / 64),
                 Vec::with_capacity(n / 128),
             ],
-            tnd: 0,
+            digits: DigitLayout::None,
             tiles: Vec::with_capacity(3 * (n + 32)),
             tcoef: Vec::with_capacity(3 * (n + 32) / 8),
-            and: 0,
-            avnni: false,
             no_avx_vnni: false,
         }
     }
@@ -103,17 +113,16 @@ impl XPrep {
     /// calling thread while the others wait, and the lane order and the scalar sums took
     /// most of the ~5 µs each one cost (docs/bench/2026-11-30-to-12-02.md, "session 15").
     pub fn prepare_with(&mut self, level: SimdLevel, precision: Precision, x: &[f32]) {
-        self.tnd = 0;
+        self.digits = DigitLayout::None;
         self.level = Some(level);
         self.x.clear();
         self.x.extend_from_slice(x);
         self.lanes.clear();
         let n = x.len();
-        self.and = 0;
         let nd = if precision == Precision::Fast { 1 } else { 3 };
         if level == SimdLevel::Avx512 && SimdLevel::has_vnni() && n.is_multiple_of(32) {
             digits_and_sums(nd, x, n, &mut self.tiles, &mut self.tcoef, &mut self.sums);
-            self.tnd = nd;
+            self.digits = DigitLayout::Tiles(nd);
         } else if cfg!(target_arch = "x86_64")
             && level == SimdLevel::Avx2
             && level.is_supported()
@@ -124,16 +133,15 @@ impl XPrep {
             unsafe {
                 super::avx2_int::prepare(nd, x, &mut self.tiles, &mut self.tcoef, &mut self.sums[0])
             };
-            pair_sums(&mut self.sums, n);
-            self.and = nd;
-            self.avnni = SimdLevel::has_avx_vnni() && !self.no_avx_vnni;
+            pair_sums(&mut self.sums, n, 1);
+            self.digits = DigitLayout::Avx2(nd);
         } else {
             let s32 = &mut self.sums[0];
             s32.clear();
             if n.is_multiple_of(32) {
                 s32.extend(x.chunks_exact(32).map(|c| c.iter().sum::<f32>()));
             }
-            pair_sums(&mut self.sums, n);
+            pair_sums(&mut self.sums, n, 1);
             self.fill_lanes(level);
         }
     }
@@ -172,19 +180,28 @@ impl XPrep {
     /// The digits of the 16-row tile kernels: (digits per element, [n/32, nd, 32] bytes,
     /// [n/32, nd] factors), where [`XPrep::prepare_with`] wrote them.
     pub(crate) fn tiles(&self) -> Option<(usize, &[i8], &[f32])> {
-        (self.tnd > 0).then_some((self.tnd, &self.tiles[..], &self.tcoef[..]))
+        match self.digits {
+            DigitLayout::Tiles(nd) => Some((nd, &self.tiles[..], &self.tcoef[..])),
+            _ => None,
+        }
     }
 
     /// The digits of the AVX2 integer kernels (`avx2_int.rs`): (digits per element, whether
     /// to take AVX-VNNI's instruction, [chunks, nd, 2, 32] bytes, [chunks, nd, 8] factors),
     /// where [`XPrep::prepare_with`] wrote them.
     pub(crate) fn avx2_digits(&self) -> Option<(usize, bool, &[i8], &[f32])> {
-        (self.and > 0).then_some((self.and, self.avnni, &self.tiles[..], &self.tcoef[..]))
+        match self.digits {
+            DigitLayout::Avx2(nd) => {
+                let vnni = SimdLevel::has_avx_vnni() && !self.no_avx_vnni;
+                Some((nd, vnni, &self.tiles[..], &self.tcoef[..]))
+            }
+            _ => None,
+        }
     }
 
     /// Whether the AVX2 integer kernels may take AVX-VNNI's instruction where the CPU has it
     /// (the default); off, they run `vpmaddubsw` + `vpmaddwd` as on CPUs without it. For
-    /// tests and benchmarks that compare the two; applies from the next preparation.
+    /// tests and benchmarks that compare the two.
     pub fn set_avx_vnni(&mut self, on: bool) {
         self.no_avx_vnni = !on;
     }
@@ -236,18 +253,22 @@ pub(crate) fn digits_and_sums(
     {
         *sum = block_digits(nd, xc, out, cf);
     }
-    pair_sums(sums, n);
+    pair_sums(sums, n, 1);
 }
 
 /// Σx per 64 and 128 elements from the 32-sums in `sums[0]`, for rows of `n` (a group never
-/// straddles two rows when it divides n); empty where it does not.
-fn pair_sums(sums: &mut [Vec<f32>; 3], n: usize) {
+/// straddles two rows when it divides n); empty where it does not. Each sum is `lanes`
+/// values side by side (one per token in `avx2_int_mm.rs`'s layout, else 1).
+pub(super) fn pair_sums(sums: &mut [Vec<f32>; 3], n: usize, lanes: usize) {
     for k in 1..3 {
         let (lo, hi) = sums.split_at_mut(k);
         let (prev, next) = (&lo[k - 1], &mut hi[0]);
         next.clear();
         if n.is_multiple_of(32 << k) {
-            next.extend(prev.chunks_exact(2).map(|p| p[0] + p[1]));
+            next.extend(
+                prev.chunks_exact(2 * lanes)
+                    .flat_map(|p| (0..lanes).map(move |l| p[l] + p[lanes + l])),
+            );
         }
     }
 }
