@@ -183,6 +183,7 @@ fn main() -> Result<()> {
             max_context: prompt + decode + 8,
             level: None,
             precision,
+            max_seqs: 1,
         };
         let mut cpu = CpuModel::new(&model, opts)?;
         let run = run(

@@ -61,6 +61,7 @@ fn decode_step_allocates_nothing_after_warm_up() {
                 max_context: 64,
                 level: None,
                 precision,
+                max_seqs: 1,
             };
             let mut cpu = CpuModel::new(&model, opts).expect("cpu");
             let mut st = cpu.new_state(64);

@@ -168,6 +168,7 @@ fn run(
         max_context: 64,
         level: Some(level),
         precision,
+        max_seqs: 1,
     };
     let mut cpu = CpuModel::new(model, o).expect("cpu");
     let mut st = cpu.new_state(64);
@@ -300,6 +301,7 @@ fn fast_decode_holds_the_recurrent_states_in_bf16() {
         max_context: 64,
         level: None,
         precision,
+        max_seqs: 1,
     };
     let mut fast = CpuModel::new(&model, opts(Precision::Fast)).expect("cpu");
     let mut exact = CpuModel::new(&model, opts(Precision::Exact)).expect("cpu");

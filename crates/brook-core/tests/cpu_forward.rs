@@ -21,6 +21,7 @@ fn opts(level: SimdLevel, threads: usize, max_chunk: usize) -> CpuOptions {
         max_context: 64,
         level: Some(level),
         precision: Precision::Exact,
+        max_seqs: 1,
     }
 }
 

@@ -307,6 +307,7 @@ fn cpu_decode_with_prefetch_is_bit_identical_and_reads_ahead() {
                 max_context: 64,
                 level: Some(SimdLevel::detect()),
                 precision: Precision::Exact,
+                max_seqs: 1,
             };
             let mut cpu = CpuModel::new(m, opts).expect("cpu");
             let mut st = cpu.new_state(64);

@@ -543,6 +543,7 @@ impl Engine for CudaModel {
         Caps {
             max_chunk: self.opts.max_chunk,
             max_seqs: 1,
+            max_tokens: self.opts.max_chunk,
             given_routes: true,
             trace: false,
         }

@@ -190,6 +190,85 @@ impl<'m> Forward<'m> {
         Ok(())
     }
 
+    /// One engine step over several sequences' parts (each at most the engine's chunk, all
+    /// together within its [`Caps`]): the shell of [`Forward::forward`] for each (token
+    /// checks, the context limit, placement), then one step, appending each part's logits to
+    /// its `out`. A part whose checks fail is left out and reported in its `result`; if the
+    /// step fails, every state in it starts afresh and each part reports the error.
+    pub fn step_parts(&mut self, parts: &mut [Part<'_>]) {
+        let caps = self.engine.caps();
+        let (vocab, context) = (self.engine.model().cfg.vocab_size, self.context);
+        for p in parts.iter_mut() {
+            p.result = if p.tokens.is_empty() || p.tokens.len() > caps.max_chunk.max(1) {
+                Err(Error::Invalid(format!(
+                    "a step part of {} tokens; the engine takes 1 to {}",
+                    p.tokens.len(),
+                    caps.max_chunk
+                )))
+            } else if p.state.pos.saturating_add(p.tokens.len()) > context {
+                Err(Error::Invalid(format!(
+                    "context full: {} + {} tokens exceed the context of {context} (open with a larger --context)",
+                    p.state.pos,
+                    p.tokens.len(),
+                )))
+            } else {
+                check_tokens(p.tokens, vocab).and_then(|()| self.engine.place(p.state, p.tokens.len()))
+            };
+        }
+        let mut ok: Vec<&mut Part<'_>> = parts.iter_mut().filter(|p| p.result.is_ok()).collect();
+        let mut start = 0;
+        while start < ok.len() {
+            // As many parts as the engine takes in one step.
+            let (mut end, mut tokens) = (start, 0usize);
+            while end < ok.len()
+                && end - start < caps.max_seqs.max(1)
+                && (end == start || tokens + ok[end].tokens.len() <= caps.max_tokens)
+            {
+                tokens += ok[end].tokens.len();
+                end += 1;
+            }
+            let group = &mut ok[start..end];
+            let mut seqs: Vec<SeqStep<'_>> = group
+                .iter_mut()
+                .map(|p| SeqStep {
+                    state: &mut *p.state,
+                    tokens: p.tokens,
+                    want: p.want,
+                    logits: &mut *p.out,
+                })
+                .collect();
+            let r = self.engine.step(Step {
+                seqs: &mut seqs,
+                routing: Routing::Router,
+                trace: None,
+            });
+            drop(seqs);
+            match r {
+                Ok(()) => {
+                    self.engine.model().count_step(self.engine.name());
+                    self.counters.steps.fetch_add(1, Ordering::Relaxed);
+                    self.counters
+                        .tokens
+                        .fetch_add(tokens as u64, Ordering::Relaxed);
+                }
+                Err(e) => {
+                    let msg = e.to_string();
+                    for p in group.iter_mut() {
+                        // Half-updated: start afresh (as `drive` does).
+                        *p.state = self.engine.new_state(0);
+                        p.result = Err(Error::Invalid(format!("a batched step failed: {msg}")));
+                    }
+                }
+            }
+            start = end;
+        }
+    }
+
+    /// Counts one call that [`Forward::step_parts`] fed (a request of several steps).
+    pub fn count_call(&self) {
+        self.counters.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
     /// Which engine ran and how much.
     pub fn stats(&self) -> EngineStats {
         self.counters.stats(self.engine.name(), self.engine.model())
@@ -204,6 +283,18 @@ impl<'m> Forward<'m> {
     pub fn gpu_stats(&self) -> Option<GpuStats> {
         self.engine.gpu_stats()
     }
+}
+
+/// One sequence's part of [`Forward::step_parts`].
+#[derive(Debug)]
+pub struct Part<'a> {
+    pub state: &'a mut SeqState,
+    pub tokens: &'a [u32],
+    pub want: Logits,
+    /// Receives the logits asked for (appended).
+    pub out: &'a mut Vec<f32>,
+    /// Set by the step: whether this part ran.
+    pub result: Result<()>,
 }
 
 /// One forward call: what [`drive`] feeds.

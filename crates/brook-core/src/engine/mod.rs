@@ -15,6 +15,7 @@
 //! This module must not contain layer maths (engines and `crate::model` do) nor know about
 //! text, HTTP or terminals.
 
+pub mod batch;
 pub mod driver;
 pub mod reference;
 
@@ -22,7 +23,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use crate::cpu::Precision;
-pub use driver::{EngineStats, Forward};
+pub use driver::{EngineStats, Forward, Part};
 pub use reference::Reference;
 
 use crate::error::{Error, Result};
@@ -117,6 +118,8 @@ pub struct Caps {
     pub max_chunk: usize,
     /// Most sequences per step.
     pub max_seqs: usize,
+    /// Most tokens per step, summed over its sequences.
+    pub max_tokens: usize,
     /// Takes [`Routing::Given`].
     pub given_routes: bool,
     /// Reports intermediate values to a trace callback.

@@ -46,7 +46,9 @@ impl Engine for Reference<'_> {
     fn caps(&self) -> Caps {
         Caps {
             max_chunk: self.model.prefill_chunk.max(1),
-            max_seqs: 1,
+            // Sequences run one after another: any number.
+            max_seqs: usize::MAX,
+            max_tokens: usize::MAX,
             given_routes: false,
             trace: true,
         }

@@ -36,6 +36,9 @@ pub struct OpenOptions {
     pub context: usize,
     /// Tokens per prefill chunk.
     pub prefill_chunk: usize,
+    /// Sequences computed together in one step (a server's parallel slots); the budget holds
+    /// a state for each.
+    pub max_seqs: usize,
     /// Reader threads for expert misses.
     pub io_threads: usize,
     /// When experts stream, start reading the next layer's likeliest experts (routed with its
@@ -84,6 +87,7 @@ impl Default for OpenOptions {
             fill_cache: false,
             context: 4096,
             prefill_chunk: PREFILL_CHUNK,
+            max_seqs: 1,
             io_threads: 8,
             prefetch: true,
             eviction: None,

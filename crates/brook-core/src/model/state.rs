@@ -189,6 +189,16 @@ fn written_zeros(n: usize) -> Vec<f32> {
 }
 
 impl SeqState {
+    /// A state of no layers, holding nothing: a placeholder while a state is lent out (it
+    /// fits no model, so an engine refuses it).
+    pub fn empty() -> Self {
+        SeqState {
+            pos: 0,
+            layers: Vec::new(),
+            device: None,
+        }
+    }
+
     /// A fresh sequence.
     pub fn new(cfg: &ModelConfig) -> Self {
         let layers = cfg

@@ -31,7 +31,9 @@ use crate::text::{
 pub struct Llm {
     pub model: Arc<Model>,
     /// The forward pass over `model` the options chose, behind the driver.
-    forward: std::sync::Mutex<Forward<'static>>,
+    forward: Arc<std::sync::Mutex<Forward<'static>>>,
+    /// Continuous batching of calls from several threads (`max_seqs` > 1).
+    batcher: Option<crate::engine::batch::Batcher>,
     /// The driver's counts and its engine's name, readable while a forward call runs.
     counters: (Arc<Counters>, &'static str),
     pub tokenizer: Option<Arc<Tokenizer>>,
@@ -188,7 +190,12 @@ impl Llm {
         let model = Arc::new(Model::open_with(dir, &options)?);
         let forward = crate::engine::open(&model, dir, &options)?;
         let counters = (forward.counters(), forward.name());
-        let forward = std::sync::Mutex::new(forward);
+        let forward = Arc::new(std::sync::Mutex::new(forward));
+        let batcher = if options.max_seqs > 1 {
+            Some(crate::engine::batch::Batcher::spawn(forward.clone())?)
+        } else {
+            None
+        };
         let tokenizer = Tokenizer::from_dir(dir)?.map(Arc::new);
         let template = ChatTemplate::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?.unwrap_or_default();
@@ -200,6 +207,7 @@ impl Llm {
         Ok(Llm {
             model,
             forward,
+            batcher,
             counters,
             tokenizer,
             template,
@@ -227,7 +235,10 @@ impl Llm {
         want: Logits,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        self.engine().forward_into(state, tokens, want, out)
+        match &self.batcher {
+            Some(b) => b.forward_into(state, tokens, want, out),
+            None => self.engine().forward_into(state, tokens, want, out),
+        }
     }
 
     /// One decoded token into `out`, its routing replayed or recorded as `routes` says
@@ -550,6 +561,8 @@ impl Session {
                 self.fed.len() + prompt.len()
             )));
         }
+        // Calls from here on come back to back: a batch waits for them between steps.
+        let _joined = llm.batcher.as_ref().map(|b| b.join());
         let mut usage = Usage {
             prompt_tokens: self.fed.len() + prompt.len(),
             cached_tokens: self.fed.len(),

@@ -37,6 +37,8 @@ pub type Then<'a> = dyn Fn(usize, Range<usize>, &mut [f32]) + Sync + 'a;
 pub struct XScratch {
     pub prep: XPrep,
     pub batch: XBatch,
+    /// One prepared row per token of a row-wise call ([`Exec::linears_rowwise`]).
+    pub rows: Vec<XPrep>,
 }
 
 impl Exec<'_> {
@@ -61,7 +63,20 @@ impl Exec<'_> {
         s: &mut XScratch,
         outs: &mut [(LinearRef<'_>, &mut [f32])],
     ) -> Result<()> {
-        self.run(x, t, s, outs, None)
+        self.run(x, t, s, outs, None, false)
+    }
+
+    /// [`Exec::linears`] computing each of the `t` rows with the one-token kernel (the
+    /// same bits as `t` one-token calls), every block of weight rows read from memory once
+    /// for all of them: a step of several sequences' single tokens.
+    pub fn linears_rowwise(
+        &self,
+        x: &[f32],
+        t: usize,
+        s: &mut XScratch,
+        outs: &mut [(LinearRef<'_>, &mut [f32])],
+    ) -> Result<()> {
+        self.run(x, t, s, outs, None, true)
     }
 
     /// [`Exec::linears`] for one token x [in] that also runs `then(i, rows, y)` on the thread
@@ -75,7 +90,7 @@ impl Exec<'_> {
         outs: &mut [(LinearRef<'_>, &mut [f32])],
         then: &Then<'_>,
     ) -> Result<()> {
-        self.run(x, 1, s, outs, Some(then))
+        self.run(x, 1, s, outs, Some(then), false)
     }
 
     fn run(
@@ -85,6 +100,7 @@ impl Exec<'_> {
         s: &mut XScratch,
         outs: &mut [(LinearRef<'_>, &mut [f32])],
         then: Option<&Then<'_>>,
+        rowwise: bool,
     ) -> Result<()> {
         if outs.is_empty() || t == 0 {
             return Ok(());
@@ -93,8 +109,16 @@ impl Exec<'_> {
             return Err(Error::Invalid(format!("{} linears in one job", outs.len())));
         }
         let n = check_outs(x, t, outs)?;
+        let rowwise = rowwise && t > 1;
         if t == 1 {
             s.prep.prepare_with(self.level, self.precision, x);
+        } else if rowwise {
+            if s.rows.len() < t {
+                s.rows.resize_with(t, XPrep::default);
+            }
+            for (p, row) in s.rows.iter_mut().zip(x.chunks_exact(n)) {
+                p.prepare_with(self.level, self.precision, row);
+            }
         } else {
             s.batch
                 .prepare_with(self.level, self.batch_precision(), x, n);
@@ -131,6 +155,14 @@ impl Exec<'_> {
                         matvec_rows(level, w, &s.prep, ys, rows.clone());
                         if let Some(f) = then {
                             f(i, rows, ys);
+                        }
+                    } else if rowwise {
+                        let out = w.out_features;
+                        for (ti, prep) in s.rows[..t].iter().enumerate() {
+                            let at = ti * out + rows.start..ti * out + rows.end;
+                            // SAFETY: as above, row ti's columns `rows` are this unit's.
+                            let ys = unsafe { y.slice(at) };
+                            matvec_rows(level, w, prep, ys, rows.clone());
                         }
                     } else {
                         // SAFETY: as above; matmul writes only columns `rows` of Y.

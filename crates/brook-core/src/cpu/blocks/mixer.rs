@@ -119,6 +119,151 @@ pub fn delta_net(
     s: &mut MixerScratch,
 ) -> Result<()> {
     let t = x.len() / cfg.hidden_size;
+    let cd = cfg.conv_dim();
+    if t == 1 {
+        check_bf16(&ssm, 1)?;
+        let kk = cfg.linear_conv_kernel_dim;
+        let (level, nv, dv) = (ex.level, cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+        {
+            let (cv, state) = (SharedMut::new(&mut s.conv[..cd]), SharedMut::new(&mut *conv_state));
+            let mut projections = [
+                (w.in_proj_qkv.view(), &mut s.qkv[..cd]),
+                (w.in_proj_z.view(), &mut s.z[..nv * dv]),
+                (w.in_proj_b.view(), &mut s.b[..nv]),
+                (w.in_proj_a.view(), &mut s.a[..nv]),
+            ];
+            // One token: each run of projected channels goes through the causal depthwise
+            // conv + SiLU on the thread that computed it, inside the projections' job; q and
+            // k are normalised by the delta rule's job, per head.
+            let conv_now = |i: usize, ch: Range<usize>, y: &mut [f32]| {
+                if i == 0 {
+                    let y: &[f32] = y;
+                    // SAFETY: each run of qkv rows is computed by one thread only, which
+                    // alone touches those channels of the state and of the conv output.
+                    unsafe { conv_channels(level, conv_t, cd, kk, 1, ch, &state, |_| y, &cv) };
+                }
+            };
+            ex.linears_then(x, &mut s.xs, &mut projections, &conv_now)?;
+        }
+        delta_core(ex, w, cfg, conv_t, conv_state, ssm, 0..1, true, s)?;
+    } else {
+        check_bf16(&ssm, t)?;
+        delta_projections(ex, w, cfg, x, t, false, s)?;
+        delta_core(ex, w, cfg, conv_t, conv_state, ssm, 0..t, false, s)?;
+    }
+    let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+    ex.linears(
+        &s.y[..t * nv * dv],
+        t,
+        &mut s.ys,
+        &mut [(w.out_proj.view(), out)],
+    )
+}
+
+/// One sequence's part of a several-sequence mixer call: its rows of the call's input and
+/// its state for the layer.
+#[derive(Debug)]
+pub struct SeqRows<S> {
+    pub rows: Range<usize>,
+    /// Position of the first row's token.
+    pub pos: usize,
+    pub state: S,
+}
+
+/// A DeltaNet layer's state of one sequence: the conv window and the recurrent state.
+pub type DeltaState<'a> = (&'a mut [f32], Ssm<'a>);
+
+/// [`delta_net`] for several sequences at once: x [T, H] holds their rows (each `rows` of
+/// `seqs`); the projections read each weight once for all of them (`rowwise`: with the
+/// one-token kernel per row, the bits of one-token calls), then each sequence's conv and
+/// delta rule runs on its own state.
+#[allow(clippy::too_many_arguments)]
+pub fn delta_net_seqs(
+    ex: &Exec<'_>,
+    w: &DeltaNetWeights,
+    cfg: &ModelConfig,
+    conv_t: &[f32],
+    seqs: &mut [SeqRows<DeltaState<'_>>],
+    x: &[f32],
+    out: &mut [f32],
+    rowwise: bool,
+    s: &mut MixerScratch,
+) -> Result<()> {
+    let t = x.len() / cfg.hidden_size;
+    for q in seqs.iter() {
+        check_bf16(&q.state.1, q.rows.len())?;
+    }
+    delta_projections(ex, w, cfg, x, t, rowwise, s)?;
+    for q in seqs.iter_mut() {
+        let (conv, ssm) = (&mut *q.state.0, reborrow(&mut q.state.1));
+        delta_core(ex, w, cfg, conv_t, conv, ssm, q.rows.clone(), false, s)?;
+    }
+    let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+    let ys = &s.y[..t * nv * dv];
+    if rowwise {
+        ex.linears_rowwise(ys, t, &mut s.ys, &mut [(w.out_proj.view(), out)])
+    } else {
+        ex.linears(ys, t, &mut s.ys, &mut [(w.out_proj.view(), out)])
+    }
+}
+
+fn reborrow<'b>(ssm: &'b mut Ssm<'_>) -> Ssm<'b> {
+    match ssm {
+        Ssm::F32(v) => Ssm::F32(v),
+        Ssm::Bf16(v) => Ssm::Bf16(v),
+    }
+}
+
+fn check_bf16(ssm: &Ssm<'_>, t: usize) -> Result<()> {
+    if t > 1 && matches!(ssm, Ssm::Bf16(_)) {
+        return Err(Error::Invalid(
+            "a bf16 DeltaNet state takes one token at a time".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// The four input projections of x [t, H] into the scratch's rows 0..t.
+fn delta_projections(
+    ex: &Exec<'_>,
+    w: &DeltaNetWeights,
+    cfg: &ModelConfig,
+    x: &[f32],
+    t: usize,
+    rowwise: bool,
+    s: &mut MixerScratch,
+) -> Result<()> {
+    let (nv, dv, cd) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim());
+    let mut projections = [
+        (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
+        (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
+        (w.in_proj_b.view(), &mut s.b[..t * nv]),
+        (w.in_proj_a.view(), &mut s.a[..t * nv]),
+    ];
+    if rowwise {
+        ex.linears_rowwise(x, t, &mut s.xs, &mut projections)
+    } else {
+        ex.linears(x, t, &mut s.xs, &mut projections)
+    }
+}
+
+/// The DeltaNet after its projections for the tokens in scratch rows `rows` of one sequence:
+/// conv + SiLU (unless `conv_done`: one token whose conv ran inside the projections' job),
+/// q/k normalisation, gates, the delta rule on the sequence's state and the gated norm, into
+/// those rows of `s.y`.
+#[allow(clippy::too_many_arguments)]
+fn delta_core(
+    ex: &Exec<'_>,
+    w: &DeltaNetWeights,
+    cfg: &ModelConfig,
+    conv_t: &[f32],
+    conv_state: &mut [f32],
+    ssm: Ssm<'_>,
+    rows: Range<usize>,
+    conv_done: bool,
+    s: &mut MixerScratch,
+) -> Result<()> {
+    let (r0, t) = (rows.start, rows.len());
     let (nk, nv, dk, dv) = (
         cfg.linear_num_key_heads,
         cfg.linear_num_value_heads,
@@ -131,42 +276,18 @@ pub fn delta_net(
         nk * dk,
         ex.level,
     );
-    if t > 1 && matches!(ssm, Ssm::Bf16(_)) {
-        return Err(Error::Invalid(
-            "a bf16 DeltaNet state takes one token at a time".into(),
-        ));
-    }
     let inv_scale = (dk as f32).powf(-0.5);
     let eps = 1e-6 / dk as f32;
-    let (cv, state) = (
-        SharedMut::new(&mut s.conv[..t * cd]),
-        SharedMut::new(conv_state),
-    );
-    let mut projections = [
-        (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
-        (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
-        (w.in_proj_b.view(), &mut s.b[..t * nv]),
-        (w.in_proj_a.view(), &mut s.a[..t * nv]),
-    ];
-    if t == 1 {
-        // One token: each run of projected channels goes through the causal depthwise conv
-        // + SiLU on the thread that computed it, inside the projections' job; q and k are
-        // normalised by the delta rule's job below, per head.
-        let conv_now = |i: usize, ch: Range<usize>, y: &mut [f32]| {
-            if i == 0 {
-                let y: &[f32] = y;
-                // SAFETY: each run of qkv rows is computed by one thread only, which alone
-                // touches those channels of the state and of the conv output.
-                unsafe { conv_channels(level, conv_t, cd, kk, 1, ch, &state, |_| y, &cv) };
-            }
-        };
-        ex.linears_then(x, &mut s.xs, &mut projections, &conv_now)?;
-    } else {
-        ex.linears(x, t, &mut s.xs, &mut projections)?;
+    if !conv_done {
         // Causal depthwise conv + SiLU over [state (K−1 rows); qkv (T rows)], split by
-        // channel in runs of whole heads; each run then normalises its q and k heads —
-        // q = l2(q)/√dk, k = l2(k) (as rms norms with ε/dk).
-        let qkv = &s.qkv;
+        // channel in runs of whole heads; for a chunk, each run then normalises its q and k
+        // heads — q = l2(q)/√dk, k = l2(k) (as rms norms with ε/dk). One token's q and k are
+        // normalised by the delta rule's job below, per head.
+        let (cv, state) = (
+            SharedMut::new(&mut s.conv[r0 * cd..(r0 + t) * cd]),
+            SharedMut::new(conv_state),
+        );
+        let qkv = &s.qkv[r0 * cd..(r0 + t) * cd];
         let chunks = Chunks::new(cd.div_ceil(dk), (512 / dk).max(1));
         ex.pool.run(&|_| {
             while let Some(hs) = chunks.claim() {
@@ -174,6 +295,9 @@ pub fn delta_net(
                 let new = |j: usize| &qkv[j * cd + ch.start..j * cd + ch.end];
                 // SAFETY: each run of channels is claimed by one thread only.
                 unsafe { conv_channels(level, conv_t, cd, kk, t, ch.clone(), &state, new, &cv) };
+                if t == 1 {
+                    continue;
+                }
                 for ti in 0..t {
                     // SAFETY: as above.
                     let o = unsafe { cv.slice(ti * cd + ch.start..ti * cd + ch.end) };
@@ -190,90 +314,87 @@ pub fn delta_net(
         });
     }
     // The gates (one token: per head in the delta rule's job).
-    let gate = |i: usize| -w.A_log[i % nv].exp() * softplus(s.a[i] + w.dt_bias[i % nv]);
+    let (a0, b0) = (&s.a[r0 * nv..(r0 + t) * nv], &s.b[r0 * nv..(r0 + t) * nv]);
+    let gate = |i: usize| -w.A_log[i % nv].exp() * softplus(a0[i] + w.dt_bias[i % nv]);
     if t > 1 {
         for i in 0..t * nv {
-            s.beta[i] = sigmoid(s.b[i]);
-            s.g[i] = gate(i);
+            s.beta[r0 * nv + i] = sigmoid(b0[i]);
+            s.g[r0 * nv + i] = gate(i);
         }
     }
 
     let (r, chunk, dper) = (nv / nk, s.chunk, s.dper);
-    {
-        // One of the two is the state, the other empty.
-        let bf16 = matches!(ssm, Ssm::Bf16(_));
-        let (st, st16) = match ssm {
-            Ssm::F32(v) => (SharedMut::new(v), SharedMut::new(&mut [][..])),
-            Ssm::Bf16(v) => (SharedMut::new(&mut [][..]), SharedMut::new(v)),
-        };
-        let o = SharedMut::new(&mut s.o[..]);
-        let ds = SharedMut::new(&mut s.dscratch[..]);
-        let (conv, g, beta, z, b) = (&s.conv, &s.g, &s.beta, &s.z, &s.b);
-        let (y, eps_n) = (SharedMut::new(&mut s.y[..t * nv * dv]), cfg.rms_norm_eps);
-        let heads = Chunks::new(nv, 1);
-        ex.pool.run(&|tid| {
-            // SAFETY: thread `tid` owns scratch slot `tid`, and each head is claimed by one
-            // thread only, so its state and output slices are too.
-            let scratch = unsafe { ds.slice(tid * dper..(tid + 1) * dper) };
-            while let Some(hs) = heads.claim() {
-                let h = hs.start;
-                let kh = h / r;
-                let at = h * dk * dv..(h + 1) * dk * dv;
-                // SAFETY: see above.
-                let oh = unsafe { o.slice(h * chunk * dv..(h * chunk + t) * dv) };
-                if t == 1 {
-                    // q = l2(q)/√dk, k = l2(k) of the head's key head, as the chunks' conv
-                    // job does in place (here a copy: two value heads share a key head).
-                    let (q, rest) = scratch.split_at_mut(dk);
-                    let (k, _) = rest.split_at_mut(dk);
-                    q.copy_from_slice(&conv[kh * dk..][..dk]);
-                    rms_norm_scaled_inplace(level, q, eps, inv_scale * inv_scale);
-                    k.copy_from_slice(&conv[key_dim + kh * dk..][..dk]);
-                    rms_norm_scaled_inplace(level, k, eps, inv_scale);
-                    let v = &conv[2 * key_dim + h * dv..][..dv];
-                    let (gh, bh) = (gate(h), sigmoid(b[h]));
-                    if bf16 {
-                        // SAFETY: see above.
-                        let sh = unsafe { st16.slice(at) };
-                        delta::step_bf16(level, sh, q, k, v, gh, bh, oh);
-                    } else {
-                        // SAFETY: see above.
-                        let sh = unsafe { st.slice(at) };
-                        delta::step(level, sh, q, k, v, gh, bh, oh);
-                    }
+    // One of the two is the state, the other empty.
+    let bf16 = matches!(ssm, Ssm::Bf16(_));
+    let (st, st16) = match ssm {
+        Ssm::F32(v) => (SharedMut::new(v), SharedMut::new(&mut [][..])),
+        Ssm::Bf16(v) => (SharedMut::new(&mut [][..]), SharedMut::new(v)),
+    };
+    let o = SharedMut::new(&mut s.o[..]);
+    let ds = SharedMut::new(&mut s.dscratch[..]);
+    let conv = &s.conv[r0 * cd..(r0 + t) * cd];
+    let (g, beta) = (&s.g[r0 * nv..(r0 + t) * nv], &s.beta[r0 * nv..(r0 + t) * nv]);
+    let z = &s.z[r0 * nv * dv..(r0 + t) * nv * dv];
+    let y = SharedMut::new(&mut s.y[r0 * nv * dv..(r0 + t) * nv * dv]);
+    let eps_n = cfg.rms_norm_eps;
+    let heads = Chunks::new(nv, 1);
+    ex.pool.run(&|tid| {
+        // SAFETY: thread `tid` owns scratch slot `tid`, and each head is claimed by one
+        // thread only, so its state and output slices are too.
+        let scratch = unsafe { ds.slice(tid * dper..(tid + 1) * dper) };
+        while let Some(hs) = heads.claim() {
+            let h = hs.start;
+            let kh = h / r;
+            let at = h * dk * dv..(h + 1) * dk * dv;
+            // SAFETY: see above.
+            let oh = unsafe { o.slice((h * chunk + r0) * dv..(h * chunk + r0 + t) * dv) };
+            if t == 1 {
+                // q = l2(q)/√dk, k = l2(k) of the head's key head, as the chunks' conv job
+                // does in place (here a copy: two value heads share a key head).
+                let (q, rest) = scratch.split_at_mut(dk);
+                let (k, _) = rest.split_at_mut(dk);
+                q.copy_from_slice(&conv[kh * dk..][..dk]);
+                rms_norm_scaled_inplace(level, q, eps, inv_scale * inv_scale);
+                k.copy_from_slice(&conv[key_dim + kh * dk..][..dk]);
+                rms_norm_scaled_inplace(level, k, eps, inv_scale);
+                let v = &conv[2 * key_dim + h * dv..][..dv];
+                let (gh, bh) = (gate(h), sigmoid(b0[h]));
+                if bf16 {
+                    // SAFETY: see above.
+                    let sh = unsafe { st16.slice(at) };
+                    delta::step_bf16(level, sh, q, k, v, gh, bh, oh);
                 } else {
-                    let rows = HeadRows {
-                        q: &conv[kh * dk..],
-                        k: &conv[key_dim + kh * dk..],
-                        v: &conv[2 * key_dim + h * dv..],
-                        g: &g[h..],
-                        beta: &beta[h..],
-                        q_stride: cd,
-                        v_stride: cd,
-                        gb_stride: nv,
-                        dk,
-                        dv,
-                    };
-                    // SAFETY: see above (an f32 state: checked before the job).
+                    // SAFETY: see above.
                     let sh = unsafe { st.slice(at) };
-                    delta::chunked(level, &rows, t, sh, scratch, oh);
+                    delta::step(level, sh, q, k, v, gh, bh, oh);
                 }
-                // The head's gated norm, token by token, into its columns of y.
-                for ti in 0..t {
-                    let zh = &z[(ti * nv + h) * dv..][..dv];
-                    // SAFETY: y's columns of head h are written by this thread only.
-                    let yh = unsafe { y.slice((ti * nv + h) * dv..(ti * nv + h + 1) * dv) };
-                    gated_rms_norm(level, &oh[ti * dv..][..dv], zh, &w.norm, eps_n, yh);
-                }
+            } else {
+                let rows = HeadRows {
+                    q: &conv[kh * dk..],
+                    k: &conv[key_dim + kh * dk..],
+                    v: &conv[2 * key_dim + h * dv..],
+                    g: &g[h..],
+                    beta: &beta[h..],
+                    q_stride: cd,
+                    v_stride: cd,
+                    gb_stride: nv,
+                    dk,
+                    dv,
+                };
+                // SAFETY: see above (an f32 state: checked before the call).
+                let sh = unsafe { st.slice(at) };
+                delta::chunked(level, &rows, t, sh, scratch, oh);
             }
-        });
-    }
-    ex.linears(
-        &s.y[..t * nv * dv],
-        t,
-        &mut s.ys,
-        &mut [(w.out_proj.view(), out)],
-    )
+            // The head's gated norm, token by token, into its columns of y.
+            for ti in 0..t {
+                let zh = &z[(ti * nv + h) * dv..][..dv];
+                // SAFETY: y's columns of head h are written by this thread only.
+                let yh = unsafe { y.slice((ti * nv + h) * dv..(ti * nv + h + 1) * dv) };
+                gated_rms_norm(level, &oh[ti * dv..][..dv], zh, &w.norm, eps_n, yh);
+            }
+        }
+    });
+    Ok(())
 }
 
 /// Causal depthwise conv + SiLU of channels `ch` for `t` tokens into rows 0..t of `out`
@@ -343,6 +464,77 @@ pub fn attention(
     s: &mut MixerScratch,
 ) -> Result<()> {
     let t = x.len() / cfg.hidden_size;
+    let mut seq = [SeqRows {
+        rows: 0..t,
+        pos: pos0,
+        state: (keys, values),
+    }];
+    attention_seqs(ex, w, cfg, inv_freq, &mut seq, x, out, false, s)
+}
+
+/// An attention layer's KV cache of one sequence: keys and values [pos, nkv, hd].
+pub type KvState<'a> = (&'a mut Vec<f32>, &'a mut Vec<f32>);
+
+/// [`attention`] for several sequences at once, as [`delta_net_seqs`]: shared projections,
+/// then each sequence's attention over its own cache.
+#[allow(clippy::too_many_arguments)]
+pub fn attention_seqs(
+    ex: &Exec<'_>,
+    w: &AttentionWeights,
+    cfg: &ModelConfig,
+    inv_freq: &[f64],
+    seqs: &mut [SeqRows<KvState<'_>>],
+    x: &[f32],
+    out: &mut [f32],
+    rowwise: bool,
+    s: &mut MixerScratch,
+) -> Result<()> {
+    let t = x.len() / cfg.hidden_size;
+    let (nq, nkv, hd) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim,
+    );
+    let qw = nq * hd * if cfg.attn_output_gate { 2 } else { 1 };
+    let mut projections = [
+        (w.q_proj.view(), &mut s.qg[..t * qw]),
+        (w.k_proj.view(), &mut s.kk[..t * nkv * hd]),
+        (w.v_proj.view(), &mut s.vv[..t * nkv * hd]),
+    ];
+    if rowwise {
+        ex.linears_rowwise(x, t, &mut s.xs, &mut projections)?;
+    } else {
+        ex.linears(x, t, &mut s.xs, &mut projections)?;
+    }
+    for q in seqs.iter_mut() {
+        let (keys, values) = (&mut *q.state.0, &mut *q.state.1);
+        attention_core(ex, w, cfg, inv_freq, keys, values, q.pos, q.rows.clone(), s);
+    }
+    let ys = &s.y[..t * nq * hd];
+    let mut o = [(w.o_proj.view(), out)];
+    if rowwise {
+        ex.linears_rowwise(ys, t, &mut s.ys, &mut o)
+    } else {
+        ex.linears(ys, t, &mut s.ys, &mut o)
+    }
+}
+
+/// Attention after the projections for one sequence's tokens in scratch rows `rows`, at
+/// positions pos0..: q/k norms and RoPE, the cache appended, attention (gated) into those
+/// rows of `s.y`.
+#[allow(clippy::too_many_arguments)]
+fn attention_core(
+    ex: &Exec<'_>,
+    w: &AttentionWeights,
+    cfg: &ModelConfig,
+    inv_freq: &[f64],
+    keys: &mut Vec<f32>,
+    values: &mut Vec<f32>,
+    pos0: usize,
+    rows: Range<usize>,
+    s: &mut MixerScratch,
+) {
+    let (r0, t) = (rows.start, rows.len());
     let (nq, nkv, hd, level) = (
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
@@ -352,20 +544,10 @@ pub fn attention(
     let gated = cfg.attn_output_gate;
     let qw = nq * hd * if gated { 2 } else { 1 };
     let per_head = qw / nq;
-    ex.linears(
-        x,
-        t,
-        &mut s.xs,
-        &mut [
-            (w.q_proj.view(), &mut s.qg[..t * qw]),
-            (w.k_proj.view(), &mut s.kk[..t * nkv * hd]),
-            (w.v_proj.view(), &mut s.vv[..t * nkv * hd]),
-        ],
-    )?;
     let eps = cfg.rms_norm_eps;
-    for ti in 0..t {
+    for ti in r0..r0 + t {
         let cs = &mut s.rot[..2 * inv_freq.len()];
-        rope_angles(pos0 + ti, inv_freq, cs);
+        rope_angles(pos0 + ti - r0, inv_freq, cs);
         for head in 0..nq {
             let src = &s.qg[ti * qw + head * per_head..][..per_head];
             let dst = (ti * nq + head) * hd;
@@ -377,15 +559,16 @@ pub fn attention(
         }
         for head in 0..nkv {
             let at = (ti * nkv + head) * hd;
-            // The head is normalised into `y` (free here) and copied back.
-            let tmp = &mut s.y[..hd];
+            // The head is normalised into this sequence's rows of `y` (free until attention
+            // fills them) and copied back.
+            let tmp = &mut s.y[r0 * nq * hd..][..hd];
             rms_norm(level, &s.kk[at..at + hd], &w.k_norm, eps, tmp);
             s.kk[at..at + hd].copy_from_slice(tmp);
             rope(&mut s.kk[at..at + hd], cs);
         }
     }
-    keys.extend_from_slice(&s.kk[..t * nkv * hd]);
-    values.extend_from_slice(&s.vv[..t * nkv * hd]);
+    keys.extend_from_slice(&s.kk[r0 * nkv * hd..(r0 + t) * nkv * hd]);
+    values.extend_from_slice(&s.vv[r0 * nkv * hd..(r0 + t) * nkv * hd]);
     let need = pos0 + t;
     if need > s.score_cap {
         // Past the context reserved at construction: grow (amortized), allocating once.
@@ -405,45 +588,39 @@ pub fn attention(
             .find(|d| group % d == 0)
             .unwrap_or(1)
     };
-    {
-        let (att, sc) = (
-            SharedMut::new(&mut s.y[..t * nq * hd]),
-            SharedMut::new(&mut s.scores[..]),
-        );
-        let (q, keys, values, gate) = (&s.q, &keys[..], &values[..], &s.gate);
-        let units = Chunks::new(t * nq / hp, 1);
-        ex.pool.run(&|tid| {
-            // SAFETY: thread `tid` owns score rows tid·hp..; each unit is claimed by one
-            // thread only, and so are its heads' output rows.
-            let scores = unsafe { sc.slice(tid * hp * cap..(tid + 1) * hp * cap) };
-            while let Some(us) = units.claim() {
-                let (ti, h0) = (us.start * hp / nq, us.start * hp % nq);
-                let rows = (ti * nq + h0) * hd..(ti * nq + h0 + hp) * hd;
-                // SAFETY: this unit's rows are ours alone (see above).
-                let o = unsafe { att.slice(rows.clone()) };
-                attend(
-                    level,
-                    &q[rows.clone()],
-                    hd,
-                    keys,
-                    values,
-                    nkv,
-                    h0 / group,
-                    pos0 + ti + 1,
-                    scale,
-                    scores,
-                    o,
-                );
-                if gated {
-                    sigmoid_gate(level, o, &gate[rows]);
-                }
+    let (att, sc) = (
+        SharedMut::new(&mut s.y[r0 * nq * hd..(r0 + t) * nq * hd]),
+        SharedMut::new(&mut s.scores[..]),
+    );
+    let q = &s.q[r0 * nq * hd..(r0 + t) * nq * hd];
+    let gate = &s.gate[r0 * nq * hd..(r0 + t) * nq * hd];
+    let (keys, values) = (&keys[..], &values[..]);
+    let units = Chunks::new(t * nq / hp, 1);
+    ex.pool.run(&|tid| {
+        // SAFETY: thread `tid` owns score rows tid·hp..; each unit is claimed by one thread
+        // only, and so are its heads' output rows.
+        let scores = unsafe { sc.slice(tid * hp * cap..(tid + 1) * hp * cap) };
+        while let Some(us) = units.claim() {
+            let (ti, h0) = (us.start * hp / nq, us.start * hp % nq);
+            let rows = (ti * nq + h0) * hd..(ti * nq + h0 + hp) * hd;
+            // SAFETY: this unit's rows are ours alone (see above).
+            let o = unsafe { att.slice(rows.clone()) };
+            attend(
+                level,
+                &q[rows.clone()],
+                hd,
+                keys,
+                values,
+                nkv,
+                h0 / group,
+                pos0 + ti + 1,
+                scale,
+                scores,
+                o,
+            );
+            if gated {
+                sigmoid_gate(level, o, &gate[rows]);
             }
-        });
-    }
-    ex.linears(
-        &s.y[..t * nq * hd],
-        t,
-        &mut s.ys,
-        &mut [(w.o_proj.view(), out)],
-    )
+        }
+    });
 }

@@ -1,0 +1,338 @@
+//! Steps of several sequences (issue #32): each sequence's logits are the bits it gets alone,
+//! whatever runs beside it, on the CPU engine at every SIMD level and precision this CPU runs
+//! and on the reference engine; and sessions generating on several threads at once through
+//! the batcher produce the tokens they produce one at a time, in steps that hold several
+//! sequences.
+
+mod common;
+
+use brook_core::cpu::{CpuModel, CpuOptions, Precision, SimdLevel};
+use brook_core::engine::{Engine, Forward, Part, Reference};
+use brook_core::model::open::OpenOptions;
+use brook_core::session::{GenOptions, Llm};
+use brook_core::text::SamplingParams;
+use brook_core::{Logits, Model};
+use common::{MODELS, argmax, fixture};
+
+const CHUNK: usize = 4;
+
+/// Each sequence's prompt: lengths around the chunk (one token, exactly a chunk, several
+/// chunks with a remainder).
+fn prompts() -> Vec<Vec<u32>> {
+    vec![
+        vec![11, 4, 7],
+        vec![9],
+        vec![3, 1, 4, 1, 5, 9, 2, 6, 5, 3],
+        vec![2, 7, 1, 8],
+    ]
+}
+
+const DECODE: usize = 5;
+
+/// What a sequence feeds next: its prompt in chunks of `CHUNK` (logits of the last only),
+/// then its greedy tokens one at a time. Returns every step's logits.
+#[derive(Debug)]
+struct Seq {
+    prompt: Vec<u32>,
+    fed: usize,
+    decoded: usize,
+    next: Option<u32>,
+    logits: Vec<Vec<f32>>,
+}
+
+impl Seq {
+    fn new(prompt: Vec<u32>) -> Self {
+        Seq {
+            prompt,
+            fed: 0,
+            decoded: 0,
+            next: None,
+            logits: Vec::new(),
+        }
+    }
+    fn done(&self) -> bool {
+        self.decoded == DECODE
+    }
+    /// The tokens of the next part and the logits it wants.
+    fn part(&self) -> (Vec<u32>, Logits) {
+        if self.fed < self.prompt.len() {
+            let end = (self.fed + CHUNK).min(self.prompt.len());
+            let want = if end == self.prompt.len() {
+                Logits::Last
+            } else {
+                Logits::None
+            };
+            (self.prompt[self.fed..end].to_vec(), want)
+        } else {
+            (vec![self.next.expect("a sampled token")], Logits::Last)
+        }
+    }
+    fn advance(&mut self, n: usize, out: &[f32]) {
+        if self.fed < self.prompt.len() {
+            self.fed += n;
+        } else {
+            self.decoded += 1;
+        }
+        if !out.is_empty() {
+            self.next = Some(argmax(out));
+            self.logits.push(out.to_vec());
+        }
+    }
+}
+
+/// Runs every sequence to the end, `together` (sequence i joins at step i) or each alone.
+fn run(fw: &mut Forward<'_>, together: bool) -> Vec<Vec<Vec<f32>>> {
+    let mut seqs: Vec<Seq> = prompts().into_iter().map(Seq::new).collect();
+    let mut states: Vec<_> = seqs.iter().map(|_| fw.new_state(64)).collect();
+    if !together {
+        for (s, st) in seqs.iter_mut().zip(&mut states) {
+            while !s.done() {
+                let (tokens, want) = s.part();
+                let mut out = Vec::new();
+                let mut p = [Part {
+                    state: st,
+                    tokens: &tokens,
+                    want,
+                    out: &mut out,
+                    result: Ok(()),
+                }];
+                fw.step_parts(&mut p);
+                let [p] = p;
+                p.result.expect("step alone");
+                s.advance(tokens.len(), &out);
+            }
+        }
+    } else {
+        let mut step = 0;
+        while seqs.iter().any(|s| !s.done()) {
+            let live: Vec<usize> = (0..seqs.len())
+                .filter(|&i| i <= step && !seqs[i].done())
+                .collect();
+            let parts_in: Vec<(Vec<u32>, Logits)> = live.iter().map(|&i| seqs[i].part()).collect();
+            let mut outs: Vec<Vec<f32>> = live.iter().map(|_| Vec::new()).collect();
+            {
+                let mut states_live: Vec<_> = states
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(i, _)| live.contains(i))
+                    .map(|(_, s)| s)
+                    .collect();
+                let mut parts: Vec<Part<'_>> = states_live
+                    .iter_mut()
+                    .zip(&parts_in)
+                    .zip(&mut outs)
+                    .map(|((st, (tokens, want)), out)| Part {
+                        state: st,
+                        tokens,
+                        want: *want,
+                        out,
+                        result: Ok(()),
+                    })
+                    .collect();
+                fw.step_parts(&mut parts);
+                for p in parts {
+                    p.result.expect("step together");
+                }
+            }
+            for ((&i, (tokens, _)), out) in live.iter().zip(&parts_in).zip(&outs) {
+                seqs[i].advance(tokens.len(), out);
+            }
+            step += 1;
+        }
+    }
+    seqs.into_iter().map(|s| s.logits).collect()
+}
+
+fn assert_same_bits(alone: &[Vec<Vec<f32>>], together: &[Vec<Vec<f32>>], what: &str) {
+    for (i, (a, b)) in alone.iter().zip(together).enumerate() {
+        assert_eq!(a.len(), b.len(), "{what}: sequence {i}'s steps");
+        for (j, (x, y)) in a.iter().zip(b).enumerate() {
+            let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(same, "{what}: sequence {i}, logits {j} differ beside other sequences");
+        }
+    }
+}
+
+/// Every (level, precision) this CPU runs.
+fn variants() -> Vec<(SimdLevel, Precision)> {
+    let mut v = Vec::new();
+    for l in SimdLevel::supported() {
+        for p in [Precision::Exact, Precision::Split24, Precision::Fast] {
+            v.push((l, p));
+        }
+    }
+    v
+}
+
+#[test]
+fn cpu_steps_of_several_sequences_give_each_its_own_bits() {
+    for name in ["qwen35-q4", "next-q4", "qwen35-mixed", "next-f32"] {
+        let model = Model::open(&fixture(name)).expect("open");
+        for (level, precision) in variants() {
+            let opts = CpuOptions {
+                threads: 2,
+                max_chunk: CHUNK,
+                max_context: 64,
+                level: Some(level),
+                precision,
+                max_seqs: 4,
+            };
+            let cpu = CpuModel::new(&model, opts).expect("cpu");
+            assert_eq!(cpu.caps().max_seqs, 4);
+            let mut fw = Forward::new(cpu);
+            let alone = run(&mut fw, false);
+            let steps = fw.stats().steps;
+            let together = run(&mut fw, true);
+            assert_same_bits(&alone, &together, &format!("{name} {level:?} {precision:?}"));
+            // The same parts took fewer steps: several sequences shared steps.
+            assert!(fw.stats().steps - steps < steps, "{:?}", fw.stats());
+        }
+    }
+}
+
+#[test]
+fn reference_steps_of_several_sequences_give_each_its_own_bits() {
+    for name in MODELS.iter().take(2) {
+        let model = Model::open(&fixture(name)).expect("open");
+        let mut fw = Forward::new(Reference::new(&model));
+        let alone = run(&mut fw, false);
+        let together = run(&mut fw, true);
+        assert_same_bits(&alone, &together, name);
+    }
+}
+
+#[test]
+fn a_step_beyond_the_engine_is_split_and_bad_parts_fail_alone() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let opts = CpuOptions {
+        threads: 2,
+        max_chunk: CHUNK,
+        max_context: 64,
+        max_seqs: 2,
+        ..Default::default()
+    };
+    let mut fw = Forward::with_context(Box::new(CpuModel::new(&model, opts).expect("cpu")), 8);
+    let mut states: Vec<_> = (0..4).map(|_| fw.new_state(8)).collect();
+    let v = model.cfg.vocab_size as u32;
+    let toks: [&[u32]; 4] = [&[1], &[2, 3], &[v], &[1, 2, 3, 4, 5]];
+    let mut outs: Vec<Vec<f32>> = vec![Vec::new(); 4];
+    let mut parts: Vec<Part<'_>> = states
+        .iter_mut()
+        .zip(toks)
+        .zip(&mut outs)
+        .map(|((state, tokens), out)| Part {
+            state,
+            tokens,
+            want: Logits::Last,
+            out,
+            result: Ok(()),
+        })
+        .collect();
+    fw.step_parts(&mut parts);
+    let errs: Vec<String> = parts
+        .iter()
+        .map(|p| p.result.as_ref().err().map(|e| e.to_string()).unwrap_or_default())
+        .collect();
+    drop(parts);
+    assert!(errs[0].is_empty() && errs[1].is_empty(), "{errs:?}");
+    assert!(errs[2].contains("vocab") || errs[2].contains("token"), "{}", errs[2]);
+    assert!(errs[3].contains("1 to 4"), "{}", errs[3]);
+    assert_eq!(outs[0].len(), model.cfg.vocab_size);
+    assert_eq!(outs[1].len(), model.cfg.vocab_size);
+    assert_eq!((states[0].pos, states[1].pos, states[2].pos), (1, 2, 0));
+    // The context limit applies per part.
+    let mut st = fw.new_state(8);
+    st.pos = 0;
+    let mut out = Vec::new();
+    let mut p = [Part {
+        state: &mut st,
+        tokens: &[1, 2, 3, 4],
+        want: Logits::Last,
+        out: &mut out,
+        result: Ok(()),
+    }];
+    fw.step_parts(&mut p);
+    p[0].result.as_ref().expect("4 of 8");
+    let [Part { state, .. }] = p;
+    let mut q = [Part {
+        state,
+        tokens: &[1, 2, 3, 4, 5][..4],
+        want: Logits::Last,
+        out: &mut Vec::new(),
+        result: Ok(()),
+    }];
+    fw.step_parts(&mut q);
+    q[0].result.as_ref().expect("8 of 8");
+    let [Part { state, .. }] = q;
+    let mut r = [Part {
+        state,
+        tokens: &[1],
+        want: Logits::Last,
+        out: &mut Vec::new(),
+        result: Ok(()),
+    }];
+    fw.step_parts(&mut r);
+    let e = r[0].result.as_ref().expect_err("past the context").to_string();
+    assert!(e.contains("context full"), "{e}");
+}
+
+fn greedy(max: usize) -> GenOptions {
+    GenOptions {
+        sampling: Some(SamplingParams::default()),
+        max_tokens: Some(max),
+        ignore_eos: true,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn sessions_on_several_threads_batch_and_generate_what_they_generate_alone() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::chat_model(dir.path());
+    let open = |seqs| {
+        let o = OpenOptions {
+            context: 256,
+            prefill_chunk: 8,
+            max_seqs: seqs,
+            threads: Some(2),
+            ..Default::default()
+        };
+        std::sync::Arc::new(Llm::open(&path, o).expect("open"))
+    };
+    let prompts: Vec<Vec<u32>> = (0..4u32)
+        .map(|i| (0..(3 + 7 * i)).map(|j| (j * 13 + i * 5) % 200 + 1).collect())
+        .collect();
+    let alone_llm = open(1);
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            let mut s = alone_llm.session();
+            s.generate(p, &greedy(12), None, &mut |_| {})
+                .expect("alone")
+                .tokens
+        })
+        .collect();
+    let llm = open(4);
+    let together: Vec<Vec<u32>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = prompts
+            .iter()
+            .map(|p| {
+                let llm = llm.clone();
+                sc.spawn(move || {
+                    let mut s = llm.session();
+                    s.generate(p, &greedy(12), None, &mut |_| {})
+                        .expect("together")
+                        .tokens
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().expect("thread")).collect()
+    });
+    assert_eq!(alone, together);
+    let st = llm.engine_stats();
+    assert_eq!(st.forward_calls, alone_llm.engine_stats().forward_calls);
+    assert!(
+        st.steps < alone_llm.engine_stats().steps,
+        "no step held several sequences: {st:?}"
+    );
+}
