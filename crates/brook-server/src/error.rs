@@ -99,12 +99,12 @@ impl ApiError {
     }
 
     /// 429: the request queue is full.
-    pub fn busy(queue: usize, retry_after: u64) -> Self {
+    pub fn busy(running: usize, queue: usize, retry_after: u64) -> Self {
         let mut e = Self::new(
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_error",
             format!(
-                "the server is busy: one request is running and {queue} are waiting; retry in about {retry_after} s or raise --queue"
+                "the server is busy: {running} requests are running and {queue} are waiting; retry in about {retry_after} s or raise --queue or --parallel"
             ),
         )
         .with_code("queue_full");

@@ -14,6 +14,7 @@ mod auth;
 mod chat;
 mod completions;
 pub mod error;
+pub mod metrics;
 mod page;
 pub mod request;
 mod routes;
@@ -36,8 +37,11 @@ pub use error::ApiError;
 pub struct Config {
     /// The id `/v1/models` lists and requests must name (or leave out).
     pub model_id: String,
-    /// Requests allowed to wait while one runs; more are answered 429.
+    /// Requests allowed to wait while `parallel` run; more are answered 429.
     pub queue: usize,
+    /// Requests generating at once (slots), each with its own conversation state; their
+    /// steps are batched when the model was opened with `max_seqs` ≥ this.
+    pub parallel: usize,
     /// Bearer key required on `/v1/*`; `None` leaves the API open (loopback use).
     pub api_key: Option<String>,
     /// Largest request body in bytes; larger ones are answered 413.
@@ -71,6 +75,7 @@ impl Config {
         Self {
             model_id: model_id.into(),
             queue: 8,
+            parallel: 1,
             api_key: None,
             max_body: 16 << 20,
             keep_alive: Duration::from_secs(5),
@@ -89,6 +94,10 @@ pub(crate) struct App {
     pub llm: Arc<Llm>,
     pub config: Config,
     pub queue: worker::Queue,
+    /// What `/metrics` reports.
+    pub metrics: Arc<metrics::Metrics>,
+    /// The GPU tier's counters when last read (a scrape does not wait for a step).
+    pub last_gpu: std::sync::Mutex<Option<brook_core::engine::GpuStats>>,
     /// Unix seconds at start (`created` of the model object).
     pub started: u64,
     /// Request bodies in memory at once, in KiB ([`transport::read_body`]).
@@ -115,7 +124,7 @@ impl App {
 
     /// The 429 answer for a full queue.
     pub fn busy(&self) -> ApiError {
-        ApiError::busy(self.config.queue, 5)
+        ApiError::busy(self.config.parallel, self.config.queue, 5)
     }
 
     /// What every response of a new request of `kind` shares.
@@ -203,13 +212,16 @@ pub struct Server {
 
 /// The server for `llm`; starts the model thread.
 pub fn router(llm: Arc<Llm>, config: Config) -> std::io::Result<Server> {
-    let queue = worker::Queue::spawn(llm.clone(), config.queue)?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let queue = worker::Queue::spawn(llm.clone(), config.parallel, config.queue, metrics.clone())?;
     let max_body = config.max_body;
     let limits = config.transport.clone();
     let app = Arc::new(App {
         llm,
         config,
         queue,
+        metrics,
+        last_gpu: std::sync::Mutex::new(None),
         started: now(),
         bodies: Arc::new(tokio::sync::Semaphore::new(transport::body_permits(
             max_body,

@@ -22,6 +22,7 @@ pub(crate) fn routes(app: Arc<App>) -> Router {
         .route("/", get(page::page))
         .route("/page.js", get(page::script))
         .route("/health", get(health))
+        .route("/metrics", get(metrics))
         .route("/v1/models", get(models))
         .route("/v1/models/{*id}", get(model))
         .route("/v1/chat/completions", post(chat::chat_completions))
@@ -59,11 +60,39 @@ async fn health(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({
         "status": "ok",
         "model": app.config.model_id,
-        "running": admitted.min(1),
-        "waiting": admitted.saturating_sub(1),
+        "running": admitted.min(app.config.parallel),
+        "waiting": admitted.saturating_sub(app.config.parallel),
         "queue_limit": app.config.queue,
+        "parallel": app.config.parallel,
         "engine": app.llm.engine_stats(),
     }))
+}
+
+async fn metrics(State(app): State<Arc<App>>) -> impl axum::response::IntoResponse {
+    let admitted = app.queue.len();
+    let p = app.config.parallel;
+    let gpu = {
+        let mut last = app.last_gpu.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(now) = app.llm.try_gpu_stats() {
+            *last = Some(now);
+        }
+        last.clone()
+    };
+    let g = crate::metrics::Gauges {
+        running: admitted.min(p),
+        waiting: admitted.saturating_sub(p),
+        parallel: p,
+        engine: app.llm.engine_stats(),
+        host_cache: app.llm.model.experts.stats(),
+        gpu,
+    };
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        app.metrics.render(&g),
+    )
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -1,8 +1,12 @@
-//! The model worker: one OS thread owns the one [`Session`] and runs requests one at a time
-//! from a bounded queue, streaming their events back to the HTTP handlers.
+//! The model workers: `parallel` OS threads (slots), each owning one [`Session`] and running
+//! one request at a time from a shared bounded queue, streaming their events back to the HTTP
+//! handlers. Slots generate at the same time; the [`Llm`]'s batcher runs their forward calls
+//! as shared steps (continuous batching: a request joins or leaves between two steps).
 //!
-//! The queue admits one running request plus `queue` waiting ones; beyond that `reserve`
-//! refuses (the handler answers 429). A handler reserves its place before it renders and
+//! The queue admits `parallel` running requests plus `queue` waiting ones; beyond that
+//! `reserve` refuses (the handler answers 429). A free slot takes the oldest waiting job of
+//! the client whose conversation it holds, else the oldest job no other free slot holds the
+//! conversation of, so a client's next turn lands where its state is. A handler reserves its place before it renders and
 //! tokenizes the prompt, so that work is bounded by the queue too. A [`Ticket`] is the handler's side of a job: dropping it
 //! (the client went away, so axum dropped the response stream or the handler future) cancels
 //! the job through its [`CancelToken`], and a job whose receiver is gone is cancelled at its
@@ -10,7 +14,7 @@
 //! hands the session its history and then its last message, so a conversation that extends the
 //! previous one reuses the kept state (the session finds the shared prefix itself), but only
 //! for the same client: a job from another client (another API key or `user`) starts from a
-//! fresh state, so no client can learn from `cached_tokens` or timings what another sent.
+//! fresh state on its slot, so no client can learn from `cached_tokens` or timings what another sent.
 //!
 //! It must not know about HTTP or JSON: errors come back as [`ApiError`] values only because
 //! that is the type the handlers answer with. Generation runs off the async runtime, since a
@@ -26,6 +30,7 @@ use brook_core::text::{Message, StreamOptions, TextStream};
 use tokio::sync::mpsc;
 
 use crate::error::ApiError;
+use crate::metrics::Metrics;
 
 /// What a job asks the model to do.
 #[derive(Debug)]
@@ -52,6 +57,7 @@ pub enum Out {
     Failed(ApiError),
 }
 
+#[derive(Debug)]
 struct Job {
     work: Work,
     /// Whose conversation this is: the session's kept state is reused only for the same one.
@@ -104,14 +110,73 @@ impl Drop for Ticket {
     }
 }
 
-/// The bounded queue in front of the worker thread.
+/// The bounded queue in front of the worker threads.
 #[derive(Debug)]
 pub struct Queue {
-    tx: std::sync::mpsc::Sender<Job>,
+    dispatch: Arc<Dispatch>,
     /// Jobs admitted and not yet finished (running + waiting).
     admitted: Arc<AtomicUsize>,
-    /// Waiting jobs allowed besides the running one.
+    /// Waiting jobs allowed besides the running ones.
     pub waiting_limit: usize,
+    /// Slots: requests that run at once.
+    pub parallel: usize,
+}
+
+/// Jobs waiting for a slot, and which free slot holds whose conversation.
+#[derive(Debug, Default)]
+struct Dispatch {
+    state: std::sync::Mutex<Waiting>,
+    wake: std::sync::Condvar,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    jobs: std::collections::VecDeque<Job>,
+    /// Free slots and the client whose conversation each holds.
+    free: Vec<(usize, Option<String>)>,
+    closed: bool,
+}
+
+impl Drop for Queue {
+    fn drop(&mut self) {
+        lock(&self.dispatch.state).closed = true;
+        self.dispatch.wake.notify_all();
+    }
+}
+
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Dispatch {
+    /// The next job for free slot `slot` holding `owner`'s conversation, waiting for one;
+    /// `None` once the queue is gone.
+    fn next(&self, slot: usize, owner: &Option<String>) -> Option<Job> {
+        let mut w = lock(&self.state);
+        w.free.push((slot, owner.clone()));
+        self.wake.notify_all();
+        loop {
+            if w.closed {
+                return None;
+            }
+            let mine = w
+                .jobs
+                .iter()
+                .position(|j| owner.as_deref() == Some(j.client.as_str()));
+            let pick = mine.or_else(|| {
+                w.jobs.iter().position(|j| {
+                    !w.free
+                        .iter()
+                        .any(|(s, o)| *s != slot && o.as_deref() == Some(j.client.as_str()))
+                })
+            });
+            if let Some(i) = pick {
+                w.free.retain(|(s, _)| *s != slot);
+                return w.jobs.remove(i);
+            }
+            w = self.wake.wait(w).unwrap_or_else(|p| p.into_inner());
+        }
+    }
 }
 
 /// Which kind of request last fed the session: raw ids bypass the template, so the session's
@@ -123,16 +188,26 @@ enum Mode {
 }
 
 impl Queue {
-    /// Starts the worker thread for `llm`.
-    pub fn spawn(llm: Arc<Llm>, waiting_limit: usize) -> std::io::Result<Self> {
-        let (tx, rx) = std::sync::mpsc::channel::<Job>();
-        std::thread::Builder::new()
-            .name("brook-model".into())
-            .spawn(move || worker_loop(llm, rx))?;
+    /// Starts `parallel` worker threads for `llm`.
+    pub fn spawn(
+        llm: Arc<Llm>,
+        parallel: usize,
+        waiting_limit: usize,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<Self> {
+        let dispatch = Arc::new(Dispatch::default());
+        let parallel = parallel.max(1);
+        for slot in 0..parallel {
+            let (llm, d, m) = (llm.clone(), dispatch.clone(), metrics.clone());
+            std::thread::Builder::new()
+                .name(format!("brook-slot-{slot}"))
+                .spawn(move || worker_loop(llm, slot, &d, &m))?;
+        }
         Ok(Self {
-            tx,
+            dispatch,
             admitted: Arc::new(AtomicUsize::new(0)),
             waiting_limit,
+            parallel,
         })
     }
 
@@ -148,7 +223,7 @@ impl Queue {
     /// Takes a place in the queue, or answers `None` when the queue is full. The place is
     /// given back when the reservation is dropped unused.
     pub fn reserve(&self) -> Option<Reservation> {
-        let limit = self.waiting_limit.saturating_add(1);
+        let limit = self.waiting_limit.saturating_add(self.parallel);
         let admitted = self
             .admitted
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
@@ -184,9 +259,8 @@ impl Queue {
             queued_at: Instant::now(),
             _slot: reserved.0,
         };
-        // A send fails only if the worker thread died; the job's events channel then closes
-        // and the handler answers 500.
-        let _ = self.tx.send(job);
+        lock(&self.dispatch.state).jobs.push_back(job);
+        self.dispatch.wake.notify_all();
         Ticket {
             events: rx,
             cancel,
@@ -200,11 +274,11 @@ impl Queue {
 /// Dropped unused, the place is free again; submitted, the job holds it.
 pub struct Reservation(SlotGuard);
 
-fn worker_loop(llm: Arc<Llm>, rx: std::sync::mpsc::Receiver<Job>) {
+fn worker_loop(llm: Arc<Llm>, slot: usize, dispatch: &Dispatch, metrics: &Metrics) {
     let mut session = llm.session();
     let mut mode = Mode::Chat;
     let mut owner: Option<String> = None;
-    for job in rx {
+    while let Some(job) = dispatch.next(slot, &owner) {
         if job.cancel.is_cancelled() || job.tx.is_closed() {
             continue; // the client left while waiting
         }
@@ -223,20 +297,24 @@ fn worker_loop(llm: Arc<Llm>, rx: std::sync::mpsc::Receiver<Job>) {
         let _ = job.tx.send(Out::Started {
             queued_s: job.queued_at.elapsed().as_secs_f64(),
         });
-        let result =
-            std::panic::catch_unwind(AssertUnwindSafe(|| run(&mut session, &mut mode, &job)));
+        let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+            run(&mut session, &mut mode, &job, metrics)
+        }));
         let out = match result {
             Ok(Ok(c)) => {
                 log_done(&c, job.queued_at);
+                metrics.finished(c.finish, Some(&c.usage));
                 Out::Done(Box::new(c))
             }
             Ok(Err(e)) => {
+                metrics.finished(None, None);
                 // A failed turn may leave the state and the session's text out of step (a
                 // prefill cut short); start the next request from scratch.
                 session.reset();
                 Out::Failed(e)
             }
             Err(panic) => {
+                metrics.finished(None, None);
                 session = llm.session();
                 owner = None;
                 let what = panic
@@ -267,10 +345,23 @@ fn log_done(c: &Completion, queued_at: Instant) {
     );
 }
 
-fn run(session: &mut Session, mode: &mut Mode, job: &Job) -> Result<Completion, ApiError> {
+fn run(
+    session: &mut Session,
+    mode: &mut Mode,
+    job: &Job,
+    metrics: &Metrics,
+) -> Result<Completion, ApiError> {
     let tx = &job.tx;
     let cancel = &job.cancel;
+    let mut first = true;
     let mut on_event = |ev: Event| {
+        if let Event::Token(_) = ev {
+            if first {
+                metrics.first_token(job.queued_at.elapsed().as_secs_f64());
+                first = false;
+            }
+            metrics.token();
+        }
         if tx.send(Out::Event(ev)).is_err() {
             cancel.cancel();
         }

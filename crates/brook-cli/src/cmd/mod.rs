@@ -190,12 +190,60 @@ impl ModelArgs {
         pull::resolve_model(&self.model)
     }
 
+    /// Opens the model for `parallel` sequences at once (`None`: as many as the backend and
+    /// budget suit, see [`default_parallel`]) and says how many.
+    pub fn open_parallel(
+        &self,
+        parallel: Option<usize>,
+    ) -> Result<(std::sync::Arc<brook_core::session::Llm>, usize)> {
+        let path = self.path()?;
+        let mut o = self.options()?;
+        let n = match parallel {
+            Some(n) if (1..=MAX_PARALLEL).contains(&n) => n,
+            Some(n) => anyhow::bail!(brook_core::Error::Invalid(format!(
+                "--parallel {n}: give 1 to {MAX_PARALLEL} requests"
+            ))),
+            None => default_parallel(&path, &o)?,
+        };
+        o.max_seqs = n;
+        let llm = brook_core::session::Llm::open(&path, o)?;
+        tracing::info!("forward pass: the {} engine, {n} sequences a step", llm.engine_stats().engine);
+        Ok((std::sync::Arc::new(llm), n))
+    }
+
     /// Opens the model with its tokenizer, template and the engine the flags chose.
     pub fn open(&self) -> Result<std::sync::Arc<brook_core::session::Llm>> {
         let llm = brook_core::session::Llm::open(&self.path()?, self.options()?)?;
         tracing::info!("forward pass: the {} engine", llm.engine_stats().engine);
         Ok(std::sync::Arc::new(llm))
     }
+}
+
+/// Most requests `--parallel` runs at once.
+pub const MAX_PARALLEL: usize = 64;
+
+/// Sequences a server runs at once by default: on the CPU backend, 4 where their states take
+/// at most an eighth of the memory budget (else 2, else 1), since each state's bytes come out
+/// of the expert cache; 1 on the other backends, whose engines take one sequence a step.
+pub fn default_parallel(
+    path: &std::path::Path,
+    o: &brook_core::model::open::OpenOptions,
+) -> Result<usize> {
+    use brook_core::model::open::{Backend, state_bytes};
+    if o.backend != Backend::Cpu {
+        return Ok(1);
+    }
+    let cfg = brook_core::config::ModelConfig::from_dir(path)?;
+    let Some(budget) = o
+        .memory_budget
+        .or_else(brook_core::experts::budget::automatic_budget)
+    else {
+        return Ok(4);
+    };
+    Ok([4, 2]
+        .into_iter()
+        .find(|&n| state_bytes(&cfg, o.context, o.prefill_chunk, n) <= budget / 8)
+        .unwrap_or(1))
 }
 
 /// Host expert slots staging copies to the GPU when --backend cuda runs without a host

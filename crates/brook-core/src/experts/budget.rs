@@ -188,7 +188,7 @@ impl Plan {
         let minimum = fixed + slot_bytes * min_slots as u64;
         if budget < minimum {
             return Err(Error::Invalid(format!(
-                "memory budget {} is too small: this model needs at least {} (dense core {}, state and scratch {}, {} expert slots {}, runtime {}); raise --memory-budget, or lower --context or --prefill-chunk",
+                "memory budget {} is too small: this model needs at least {} (dense core {}, state and scratch {}, {} expert slots {}, runtime {}); raise --memory-budget, or lower --context, --prefill-chunk or --parallel",
                 fmt_bytes(budget),
                 fmt_bytes(minimum),
                 fmt_bytes(dense),

@@ -115,8 +115,11 @@ pub const MAX_THREADS: usize = 1024;
 /// were trained for; the state is sized from it, so a larger value only overflows.
 pub const MAX_CONTEXT: usize = 1 << 24;
 
-/// Bytes of per-sequence state and scratch for `context` tokens and prefill chunks of `chunk`.
-pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
+/// Bytes of the states of `seqs` sequences of `context` tokens and the scratch of steps of
+/// prefill chunks of `chunk` (beside the other sequences' single tokens).
+pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize, seqs: usize) -> u64 {
+    let seqs = seqs.max(1);
+    let chunk = chunk + seqs - 1;
     let full = cfg
         .layer_types
         .iter()
@@ -140,7 +143,7 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize) -> u64 {
     let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
     let scores = threads * group.max(1) * context;
     let scratch = (chunk * per_token + routed + lanes + scores) * 4 + 3 * cfg.vocab_size * 4;
-    (kv + delta + scratch) as u64
+    ((kv + delta) * seqs + scratch) as u64
 }
 
 impl Model {
@@ -201,7 +204,7 @@ impl Model {
         let stride = ex.layers.iter().map(|l| l.stride).max().unwrap_or(0);
         let budget = opts.memory_budget.or_else(budget::automatic_budget);
         let on_disk = Loader::new(&c, &cfg).embedding_on_disk_bytes()?;
-        let state = state_bytes(&cfg, opts.context, opts.prefill_chunk);
+        let state = state_bytes(&cfg, opts.context, opts.prefill_chunk, opts.max_seqs);
         // What `budget` buys with the dense core (2% slack) and, or not, the embedding table.
         let plan = |b: u64, with_table: bool| {
             let resident = c.manifest.dense.size.saturating_sub(on_disk)

@@ -310,6 +310,15 @@ impl Llm {
         self.engine().gpu_stats()
     }
 
+    /// [`Llm::gpu_stats`] without waiting: `None` while a step runs (or without a GPU).
+    pub fn try_gpu_stats(&self) -> Option<GpuStats> {
+        match self.forward.try_lock() {
+            Ok(f) => f.gpu_stats(),
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner().gpu_stats(),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// A new, empty conversation.
     pub fn session(self: &Arc<Self>) -> Session {
         Session {

@@ -41,6 +41,22 @@ pub fn llm() -> Arc<Llm> {
     .clone()
 }
 
+/// The model opened for `seqs` sequences a step (the batcher on), once per test binary.
+pub fn llm_parallel() -> Arc<Llm> {
+    static LLM: OnceLock<Arc<Llm>> = OnceLock::new();
+    LLM.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = chat_model(dir.path());
+        let opts = OpenOptions {
+            context: CONTEXT,
+            max_seqs: 4,
+            ..Default::default()
+        };
+        Arc::new(Llm::open(&path, opts).expect("open"))
+    })
+    .clone()
+}
+
 /// A server running on its own runtime thread; stopped when dropped.
 pub struct TestServer {
     pub addr: SocketAddr,
@@ -57,7 +73,12 @@ impl Drop for TestServer {
 
 /// Starts a server for the shared model with `config` on 127.0.0.1 and an ephemeral port.
 pub fn start(config: brook_server::Config) -> TestServer {
-    let router = brook_server::router(llm(), config).expect("router");
+    start_with(llm(), config)
+}
+
+/// Starts a server for `llm` with `config` on 127.0.0.1 and an ephemeral port.
+pub fn start_with(llm: Arc<Llm>, config: brook_server::Config) -> TestServer {
+    let router = brook_server::router(llm, config).expect("router");
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     std::thread::spawn(move || {
