@@ -1,9 +1,15 @@
 #!/usr/bin/env python3
-"""Speed of `brook serve` as an OpenAI client sees it: one streamed completion at a time.
+"""Speed of `brook serve` as an OpenAI client sees it: streamed completions, one at a time
+or `--concurrency N` at once.
 
 Usage:
     python3 scripts/bench_serve.py --base-url http://127.0.0.1:PORT/v1 \
-        --prompt-tokens 512 --max-tokens 128 [-r 2] [--json]
+        --prompt-tokens 512 --max-tokens 128 [-r 2] [--concurrency N] [--json]
+
+With `--concurrency N`, each repetition starts N streams together (threads, one client
+each) and reports the aggregate rate: all completion tokens over the wall time from the
+first request sent to the last token received; then, while N-1 streams decode, it sends one
+more request and reports its time to first token.
 
 Needs the `openai` package (crates/brook-server/tests/python/requirements.txt pins it). The
 prompt is `--prompt-tokens` random token ids sent to /v1/completions (a list of ids is a valid
@@ -52,6 +58,61 @@ def one(client, model, prompt, max_tokens):
             "prompt_tokens": usage.prompt_tokens}
 
 
+def together(base_url, model, prompts, max_tokens):
+    """Streams all `prompts` at once; the aggregate rate and each stream's result."""
+    import threading
+    out = [None] * len(prompts)
+
+    def go(i):
+        c = OpenAI(base_url=base_url, api_key="none", timeout=3600)
+        t0 = time.perf_counter()
+        r = one(c, model, prompts[i], max_tokens)
+        r["end"] = time.perf_counter()
+        r["start"] = t0
+        out[i] = r
+
+    ts = [threading.Thread(target=go, args=(i,)) for i in range(len(prompts))]
+    t0 = time.perf_counter()
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if any(r is None for r in out):
+        raise SystemExit("a stream failed")
+    wall = max(r["end"] for r in out) - t0
+    tokens = sum(r["completion_tokens"] for r in out)
+    return {"aggregate_tok_s": tokens / wall, "wall_s": wall, "tokens": tokens,
+            "mean_stream_decode_tok_s": statistics.mean(r["decode_tok_s"] for r in out),
+            "max_ttft_s": max(r["ttft_s"] for r in out)}
+
+
+def ttft_beside(base_url, model, prompts, prompt, max_tokens):
+    """Time to first token of `prompt` sent while `prompts` stream (started first)."""
+    import threading
+    started = threading.Event()
+    done = []
+
+    def bg(p):
+        c = OpenAI(base_url=base_url, api_key="none", timeout=3600)
+        s = c.completions.create(model=model, prompt=p, max_tokens=max_tokens, temperature=0,
+                                 stream=True, extra_body={"ignore_eos": True})
+        for ch in s:
+            if ch.choices and ch.choices[0].text:
+                started.set()
+        done.append(1)
+
+    ts = [threading.Thread(target=bg, args=(p,)) for p in prompts]
+    for t in ts:
+        t.start()
+    started.wait()
+    time.sleep(1.0)
+    c = OpenAI(base_url=base_url, api_key="none", timeout=3600)
+    r = one(c, model, prompt, 4)
+    for t in ts:
+        t.join()
+    return r["ttft_s"]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--base-url", required=True)
@@ -59,6 +120,7 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("-r", "--repetitions", type=int, default=2)
     ap.add_argument("--vocab", type=int, default=150000, help="draw prompt ids below this")
+    ap.add_argument("--concurrency", type=int, default=1)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     client = OpenAI(base_url=a.base_url, api_key="none", timeout=3600)
@@ -67,6 +129,28 @@ def main():
     # Warm-up, as brook bench does.
     one(client, model, [rng.randrange(a.vocab) for _ in range(8)], 2)
     rows = []
+    if a.concurrency > 1:
+        n = a.concurrency
+        for _ in range(a.repetitions):
+            prompts = [[rng.randrange(a.vocab) for _ in range(a.prompt_tokens)] for _ in range(n)]
+            r = together(a.base_url, model, prompts, a.max_tokens)
+            prompts = [[rng.randrange(a.vocab) for _ in range(a.prompt_tokens)] for _ in range(n)]
+            r["ttft_beside_s"] = ttft_beside(a.base_url, model, prompts[:-1], prompts[-1],
+                                             a.max_tokens)
+            rows.append(r)
+            if not a.json:
+                print(f"{n} streams: aggregate {r['aggregate_tok_s']:.2f} tok/s "
+                      f"({r['tokens']} tokens in {r['wall_s']:.1f} s, per stream "
+                      f"{r['mean_stream_decode_tok_s']:.2f}), ttft of one more beside "
+                      f"{n - 1} decoding: {r['ttft_beside_s']:.2f} s")
+        summary = {"concurrency": n,
+                   "aggregate_tok_s": statistics.mean(r["aggregate_tok_s"] for r in rows),
+                   "ttft_beside_s": statistics.mean(r["ttft_beside_s"] for r in rows),
+                   "runs": rows}
+        print(json.dumps(summary) if a.json else
+              f"mean: aggregate {summary['aggregate_tok_s']:.2f} tok/s, "
+              f"ttft beside {summary['ttft_beside_s']:.2f} s")
+        return
     for _ in range(a.repetitions):
         prompt = [rng.randrange(a.vocab) for _ in range(a.prompt_tokens)]
         r = one(client, model, prompt, a.max_tokens)

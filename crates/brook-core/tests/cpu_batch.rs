@@ -147,8 +147,12 @@ fn assert_same_bits(alone: &[Vec<Vec<f32>>], together: &[Vec<Vec<f32>>], what: &
     for (i, (a, b)) in alone.iter().zip(together).enumerate() {
         assert_eq!(a.len(), b.len(), "{what}: sequence {i}'s steps");
         for (j, (x, y)) in a.iter().zip(b).enumerate() {
-            let same = x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
-            assert!(same, "{what}: sequence {i}, logits {j} differ beside other sequences");
+            let same =
+                x.len() == y.len() && x.iter().zip(y).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same,
+                "{what}: sequence {i}, logits {j} differ beside other sequences"
+            );
         }
     }
 }
@@ -166,8 +170,16 @@ fn variants() -> Vec<(SimdLevel, Precision)> {
 
 #[test]
 fn cpu_steps_of_several_sequences_give_each_its_own_bits() {
-    for name in ["qwen35-q4", "next-q4", "qwen35-mixed", "next-f32"] {
-        let model = Model::open(&fixture(name)).expect("open");
+    for (name, tiles) in ["qwen35-q4", "next-q4", "qwen35-mixed", "next-f32"]
+        .into_iter()
+        .flat_map(|m| [(m, false), (m, true)])
+    {
+        let mut model = Model::open(&fixture(name)).expect("open");
+        if tiles {
+            // The dense weights in 16-row tiles, as the CPU engine loads them on AVX-512
+            // VNNI: single tokens then share each block's read (`matvec_rows_tokens`).
+            model.dense.tile();
+        }
         for (level, precision) in variants() {
             let opts = CpuOptions {
                 threads: 2,
@@ -183,7 +195,11 @@ fn cpu_steps_of_several_sequences_give_each_its_own_bits() {
             let alone = run(&mut fw, false);
             let steps = fw.stats().steps;
             let together = run(&mut fw, true);
-            assert_same_bits(&alone, &together, &format!("{name} {level:?} {precision:?}"));
+            assert_same_bits(
+                &alone,
+                &together,
+                &format!("{name} tiles {tiles} {level:?} {precision:?}"),
+            );
             // The same parts took fewer steps: several sequences shared steps.
             assert!(fw.stats().steps - steps < steps, "{:?}", fw.stats());
         }
@@ -231,11 +247,21 @@ fn a_step_beyond_the_engine_is_split_and_bad_parts_fail_alone() {
     fw.step_parts(&mut parts);
     let errs: Vec<String> = parts
         .iter()
-        .map(|p| p.result.as_ref().err().map(|e| e.to_string()).unwrap_or_default())
+        .map(|p| {
+            p.result
+                .as_ref()
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        })
         .collect();
     drop(parts);
     assert!(errs[0].is_empty() && errs[1].is_empty(), "{errs:?}");
-    assert!(errs[2].contains("vocab") || errs[2].contains("token"), "{}", errs[2]);
+    assert!(
+        errs[2].contains("vocab") || errs[2].contains("token"),
+        "{}",
+        errs[2]
+    );
     assert!(errs[3].contains("1 to 4"), "{}", errs[3]);
     assert_eq!(outs[0].len(), model.cfg.vocab_size);
     assert_eq!(outs[1].len(), model.cfg.vocab_size);
@@ -272,7 +298,11 @@ fn a_step_beyond_the_engine_is_split_and_bad_parts_fail_alone() {
         result: Ok(()),
     }];
     fw.step_parts(&mut r);
-    let e = r[0].result.as_ref().expect_err("past the context").to_string();
+    let e = r[0]
+        .result
+        .as_ref()
+        .expect_err("past the context")
+        .to_string();
     assert!(e.contains("context full"), "{e}");
 }
 
@@ -300,7 +330,11 @@ fn sessions_on_several_threads_batch_and_generate_what_they_generate_alone() {
         std::sync::Arc::new(Llm::open(&path, o).expect("open"))
     };
     let prompts: Vec<Vec<u32>> = (0..4u32)
-        .map(|i| (0..(3 + 7 * i)).map(|j| (j * 13 + i * 5) % 200 + 1).collect())
+        .map(|i| {
+            (0..(3 + 7 * i))
+                .map(|j| (j * 13 + i * 5) % 200 + 1)
+                .collect()
+        })
         .collect();
     let alone_llm = open(1);
     let alone: Vec<Vec<u32>> = prompts
@@ -335,4 +369,106 @@ fn sessions_on_several_threads_batch_and_generate_what_they_generate_alone() {
         st.steps < alone_llm.engine_stats().steps,
         "no step held several sequences: {st:?}"
     );
+}
+
+#[test]
+fn a_batch_api_caller_adds_and_removes_sequences_between_steps() {
+    use brook_core::session::{FinishReason, SeqEvent};
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = common::chat_model(dir.path());
+    let o = OpenOptions {
+        context: 256,
+        prefill_chunk: 8,
+        max_seqs: 4,
+        threads: Some(2),
+        ..Default::default()
+    };
+    let llm = std::sync::Arc::new(Llm::open(&path, o).expect("open"));
+    let prompts: [Vec<u32>; 3] = [(1..20).collect(), vec![7, 3, 9], (40..52).collect()];
+    let alone: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| {
+            llm.session()
+                .generate(p, &greedy(10), None, &mut |_| {})
+                .expect("alone")
+                .tokens
+        })
+        .collect();
+    let mut b = llm.batch();
+    assert!(b.add(&[], &greedy(1)).is_err());
+    assert!(b.add(&[u32::MAX], &greedy(1)).is_err());
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); 3];
+    let mut finished = [None; 3];
+    let ids = [b.add(&prompts[0], &greedy(10)).expect("add")];
+    let mut id_of = vec![(ids[0], 0usize)];
+    let mut extra = None;
+    for step in 0.. {
+        if step == 2 {
+            // Two more join while the first reads its prompt; one is cancelled later.
+            id_of.push((b.add(&prompts[1], &greedy(10)).expect("add"), 1));
+            let e = b.add(&prompts[2], &greedy(10)).expect("add");
+            id_of.push((e, 2));
+            extra = Some(e);
+        }
+        if step == 6 {
+            assert!(b.remove(extra.expect("added")));
+            assert!(!b.remove(extra.expect("added")));
+        }
+        if b.is_empty() {
+            break;
+        }
+        for (id, ev) in b.step().expect("step") {
+            let i = id_of.iter().find(|(x, _)| *x == id).expect("known id").1;
+            match ev {
+                SeqEvent::Token { token, finish } => {
+                    got[i].push(token);
+                    finished[i] = finish;
+                }
+                SeqEvent::Prefilled(n) => assert!(n <= 8),
+                SeqEvent::Failed(e) => panic!("{e}"),
+            }
+        }
+    }
+    assert_eq!(got[0], alone[0]);
+    assert_eq!(got[1], alone[1]);
+    // The cancelled one generated a prefix of its tokens alone, then nothing.
+    assert!(!got[2].is_empty() && got[2].len() < 10, "{:?}", got[2]);
+    assert_eq!(got[2][..], alone[2][..got[2].len()]);
+    assert_eq!(finished[..2], [Some(FinishReason::Length); 2]);
+    assert!(llm.engine_stats().steps > 0);
+}
+
+#[test]
+fn a_budget_too_small_for_the_parallel_states_says_so() {
+    use brook_core::checkpoint::Checkpoint;
+    use brook_core::container::repack::{RepackSource, repack};
+    use brook_core::model::open::state_bytes;
+    let dir = tempfile::tempdir().expect("tmp");
+    let c = dir.path().join("c");
+    let ck = Checkpoint::open(&fixture("qwen35-q4")).expect("open");
+    repack(
+        &RepackSource::from_checkpoint(&ck).expect("src"),
+        &c,
+        &mut |_| {},
+    )
+    .expect("repack");
+    let cfg = Model::open(&fixture("qwen35-q4"))
+        .expect("open")
+        .cfg
+        .clone();
+    let (context, chunk) = (1 << 20, 512);
+    // Half of what sixteen states take: sixteen do not fit, one (a sixteenth) does.
+    let budget = state_bytes(&cfg, context, chunk, 16) / 2;
+    let o = |seqs| OpenOptions {
+        context,
+        prefill_chunk: chunk,
+        max_seqs: seqs,
+        memory_budget: Some(budget),
+        ..Default::default()
+    };
+    Model::open_with(&c, &o(1)).expect("one state fits");
+    let e = Model::open_with(&c, &o(16))
+        .expect_err("sixteen states do not")
+        .to_string();
+    assert!(e.contains("--parallel") && e.contains("too small"), "{e}");
 }

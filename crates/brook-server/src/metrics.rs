@@ -14,7 +14,9 @@ use std::time::Instant;
 use brook_core::session::FinishReason;
 
 /// Upper bounds (seconds) of the time-to-first-token histogram's buckets.
-const TTFT_BUCKETS: [f64; 12] = [0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0];
+const TTFT_BUCKETS: [f64; 12] = [
+    0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0,
+];
 /// Seconds the `tokens per second` gauge averages over.
 const WINDOW_S: u64 = 10;
 
@@ -90,7 +92,11 @@ impl Metrics {
     }
 
     /// A request ended: how, and its usage where it completed.
-    pub fn finished(&self, finish: Option<FinishReason>, usage: Option<&brook_core::session::Usage>) {
+    pub fn finished(
+        &self,
+        finish: Option<FinishReason>,
+        usage: Option<&brook_core::session::Usage>,
+    ) {
         let i = match finish {
             Some(FinishReason::Stop) => 0,
             Some(FinishReason::Length) => 1,
@@ -135,21 +141,71 @@ impl Metrics {
             }
         };
         let one = |v: f64| vec![(String::new(), v)];
-        metric("requests_running", "gauge", "Requests generating now.", &one(g.running as f64));
-        metric("requests_waiting", "gauge", "Requests waiting for a slot.", &one(g.waiting as f64));
-        metric("parallel_slots", "gauge", "Requests that may generate at once (--parallel).", &one(g.parallel as f64));
+        metric(
+            "requests_running",
+            "gauge",
+            "Requests generating now.",
+            &one(g.running as f64),
+        );
+        metric(
+            "requests_waiting",
+            "gauge",
+            "Requests waiting for a slot.",
+            &one(g.waiting as f64),
+        );
+        metric(
+            "parallel_slots",
+            "gauge",
+            "Requests that may generate at once (--parallel).",
+            &one(g.parallel as f64),
+        );
         let fin: Vec<_> = OUTCOMES
             .iter()
             .zip(&self.finished)
             .map(|(k, a)| (format!("{{finish_reason=\"{k}\"}}"), load(a) as f64))
             .collect();
-        metric("requests_total", "counter", "Requests finished, by how they ended (error: failed before finishing).", &fin);
-        metric("prompt_tokens_total", "counter", "Prompt tokens of finished requests.", &one(load(&self.prompt_tokens) as f64));
-        metric("prompt_tokens_cached_total", "counter", "Prompt tokens whose state was reused from an earlier turn.", &one(load(&self.cached_tokens) as f64));
-        metric("generation_tokens_total", "counter", "Tokens generated.", &one(load(&self.generated) as f64));
-        metric("generation_tokens_per_second", "gauge", "Tokens generated per second, all requests together, over the last 10 s.", &one(self.recent_rate()));
-        metric("prefill_seconds_total", "counter", "Time finished requests spent reading their prompts.", &one(load(&self.prefill_us) as f64 / 1e6));
-        metric("decode_seconds_total", "counter", "Time finished requests spent generating.", &one(load(&self.decode_us) as f64 / 1e6));
+        metric(
+            "requests_total",
+            "counter",
+            "Requests finished, by how they ended (error: failed before finishing).",
+            &fin,
+        );
+        metric(
+            "prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished requests.",
+            &one(load(&self.prompt_tokens) as f64),
+        );
+        metric(
+            "prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens whose state was reused from an earlier turn.",
+            &one(load(&self.cached_tokens) as f64),
+        );
+        metric(
+            "generation_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &one(load(&self.generated) as f64),
+        );
+        metric(
+            "generation_tokens_per_second",
+            "gauge",
+            "Tokens generated per second, all requests together, over the last 10 s.",
+            &one(self.recent_rate()),
+        );
+        metric(
+            "prefill_seconds_total",
+            "counter",
+            "Time finished requests spent reading their prompts.",
+            &one(load(&self.prefill_us) as f64 / 1e6),
+        );
+        metric(
+            "decode_seconds_total",
+            "counter",
+            "Time finished requests spent generating.",
+            &one(load(&self.decode_us) as f64 / 1e6),
+        );
         let mut cum = 0;
         let mut ttft: Vec<(String, f64)> = Vec::new();
         for (i, a) in self.ttft.iter().enumerate() {
@@ -161,9 +217,24 @@ impl Metrics {
         }
         ttft.push(("_sum".into(), load(&self.ttft_sum_us) as f64 / 1e6));
         ttft.push(("_count".into(), cum as f64));
-        metric("time_to_first_token_seconds", "histogram", "Seconds from a request's arrival to its first token, waiting included.", &ttft);
-        metric("engine_steps_total", "counter", "Forward steps the engine ran (a step may hold several sequences).", &one(g.engine.steps as f64));
-        metric("engine_tokens_total", "counter", "Tokens the engine fed (prompts and generated).", &one(g.engine.tokens as f64));
+        metric(
+            "time_to_first_token_seconds",
+            "histogram",
+            "Seconds from a request's arrival to its first token, waiting included.",
+            &ttft,
+        );
+        metric(
+            "engine_steps_total",
+            "counter",
+            "Forward steps the engine ran (a step may hold several sequences).",
+            &one(g.engine.steps as f64),
+        );
+        metric(
+            "engine_tokens_total",
+            "counter",
+            "Tokens the engine fed (prompts and generated).",
+            &one(g.engine.tokens as f64),
+        );
         let tier = |t: &str| format!("{{tier=\"{t}\"}}");
         let (mut hits, mut misses, mut slots) = (Vec::new(), Vec::new(), Vec::new());
         if let Some(c) = g.host_cache {
@@ -176,11 +247,31 @@ impl Metrics {
             misses.push((tier("gpu"), c.misses as f64));
             slots.push((tier("gpu"), c.slots as f64));
         }
-        metric("expert_cache_hits_total", "counter", "Routed experts found in a tier's cache (host: RAM, gpu: GPU memory).", &hits);
-        metric("expert_cache_misses_total", "counter", "Routed experts a tier had to fetch (host: from disk; gpu: from the host).", &misses);
-        metric("expert_cache_slots", "gauge", "Expert slots a tier holds now.", &slots);
+        metric(
+            "expert_cache_hits_total",
+            "counter",
+            "Routed experts found in a tier's cache (host: RAM, gpu: GPU memory).",
+            &hits,
+        );
+        metric(
+            "expert_cache_misses_total",
+            "counter",
+            "Routed experts a tier had to fetch (host: from disk; gpu: from the host).",
+            &misses,
+        );
+        metric(
+            "expert_cache_slots",
+            "gauge",
+            "Expert slots a tier holds now.",
+            &slots,
+        );
         if let Some(c) = g.host_cache {
-            metric("expert_disk_read_bytes_total", "counter", "Expert bytes read from disk.", &one(c.bytes_read as f64));
+            metric(
+                "expert_disk_read_bytes_total",
+                "counter",
+                "Expert bytes read from disk.",
+                &one(c.bytes_read as f64),
+            );
         }
         o
     }

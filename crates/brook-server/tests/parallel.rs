@@ -72,7 +72,9 @@ fn metrics(addr: std::net::SocketAddr) -> HashMap<String, f64> {
     let r = common::get(addr, "/metrics");
     assert_eq!(r.status, 200);
     assert!(
-        r.header("content-type").unwrap_or("").starts_with("text/plain"),
+        r.header("content-type")
+            .unwrap_or("")
+            .starts_with("text/plain"),
         "{:?}",
         r.header("content-type")
     );
@@ -136,7 +138,10 @@ fn parallel_requests_share_steps_and_answer_what_they_answer_alone() {
     // 4 × 24 tokens were generated; alone each takes a step, together they share.
     assert_eq!(d("brook_generation_tokens_total"), 96.0);
     let steps = d("brook_engine_steps_total");
-    assert!(steps < 96.0 * 0.75, "{steps} steps for 96 tokens: too few shared");
+    assert!(
+        steps < 96.0 * 0.75,
+        "{steps} steps for 96 tokens: too few shared"
+    );
     assert_eq!(d("brook_requests_total{finish_reason=length}"), 4.0);
     assert_eq!(after["brook_parallel_slots"], 4.0);
     assert_eq!(
@@ -162,7 +167,11 @@ fn requests_join_and_leave_while_others_decode_and_cancelling_one_spares_the_res
         next_content(&mut c);
     }
     let h = common::get(server.addr, "/health").json();
-    assert_eq!((h["running"].clone(), h["waiting"].clone()), (json!(2), json!(0)), "{h}");
+    assert_eq!(
+        (h["running"].clone(), h["waiting"].clone()),
+        (json!(2), json!(0)),
+        "{h}"
+    );
     // C leaves; A goes on, and C's slot frees.
     c.disconnect();
     let t = Instant::now();
@@ -171,7 +180,10 @@ fn requests_join_and_leave_while_others_decode_and_cancelling_one_spares_the_res
         if common::get(server.addr, "/health").json()["running"] == 1 {
             break;
         }
-        assert!(t.elapsed() < Duration::from_secs(30), "the cancelled request kept its slot");
+        assert!(
+            t.elapsed() < Duration::from_secs(30),
+            "the cancelled request kept its slot"
+        );
     }
     for _ in 0..5 {
         next_content(&mut a);
@@ -210,7 +222,10 @@ fn a_long_prompt_is_read_between_the_tokens_of_others() {
         (first - sent).as_secs_f64(),
         gaps.iter().max()
     );
-    assert!(during >= 3, "the decoding request stalled while the prompt was read");
+    assert!(
+        during >= 3,
+        "the decoding request stalled while the prompt was read"
+    );
     a.disconnect();
 }
 
@@ -225,9 +240,16 @@ fn beyond_the_slots_and_the_queue_requests_get_429_with_retry_after() {
     let waiting = SseStream::open(server.addr, CHAT, &body(PROMPTS[2], 4, true));
     assert_eq!(waiting.status, 200);
     let h = common::get(server.addr, "/health").json();
-    assert_eq!((h["running"].clone(), h["waiting"].clone()), (json!(2), json!(1)), "{h}");
+    assert_eq!(
+        (h["running"].clone(), h["waiting"].clone()),
+        (json!(2), json!(1)),
+        "{h}"
+    );
     let m = metrics(server.addr);
-    assert_eq!((m["brook_requests_running"], m["brook_requests_waiting"]), (2.0, 1.0));
+    assert_eq!(
+        (m["brook_requests_running"], m["brook_requests_waiting"]),
+        (2.0, 1.0)
+    );
     let r = post_json(server.addr, CHAT, &body(PROMPTS[3], 1, false));
     assert_eq!(r.status, 429, "{}", r.text());
     assert!(r.header("retry-after").is_some());

@@ -207,7 +207,10 @@ impl ModelArgs {
         };
         o.max_seqs = n;
         let llm = brook_core::session::Llm::open(&path, o)?;
-        tracing::info!("forward pass: the {} engine, {n} sequences a step", llm.engine_stats().engine);
+        tracing::info!(
+            "forward pass: the {} engine, {n} sequences a step",
+            llm.engine_stats().engine
+        );
         Ok((std::sync::Arc::new(llm), n))
     }
 

@@ -133,10 +133,7 @@ pub fn run(a: Args) -> Result<()> {
             a.max_connections
         );
     }
-    eprintln!(
-        "{parallel} request(s) at once, {} more may wait",
-        a.queue
-    );
+    eprintln!("{parallel} request(s) at once, {} more may wait", a.queue);
     let router = brook_server::router(llm, config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

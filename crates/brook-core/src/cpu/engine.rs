@@ -434,7 +434,9 @@ impl CpuModel<'_> {
             rms_norm_rows(ex.level, x, &layer.input_layernorm, eps, normed);
             for g in &groups {
                 let rows = self.rows[g.start].rows.start..self.rows[g.end - 1].rows.end;
-                let rowwise = g.start < singles && g.len() > 1;
+                let rowwise = g.start < singles
+                    && g.len() > 1
+                    && std::env::var_os("BROOK_BATCH_TILE").is_none();
                 let (xn, out) = (
                     &normed[rows.start * h..rows.end * h],
                     &mut delta[rows.start * h..rows.end * h],
@@ -517,6 +519,15 @@ impl CpuModel<'_> {
             add(ex.level, delta, x);
             rms_norm_rows(ex.level, x, &layer.post_attention_layernorm, eps, normed);
             let experts = model.experts.as_ref();
+            if model.prefetch && singles > 1 && matches!(routing, Routing::Router) {
+                // Streaming: ask for every single token's likeliest experts before the first
+                // one's MoE runs, so the reads of all of them overlap (each sequence's MoE
+                // below then finds its experts landed or in flight).
+                for sp in &self.rows[..singles] {
+                    let row = &normed[sp.rows.start * h..sp.rows.end * h];
+                    moe::prefetch_next(&ex, &layer.mlp, cfg, experts, i, row, &mut self.moe)?;
+                }
+            }
             for sp in &self.rows {
                 // A single token takes the one-token MoE; a chunk its own chunk path.
                 let rows = sp.rows.start * h..sp.rows.end * h;
@@ -553,10 +564,10 @@ impl CpuModel<'_> {
                 }
                 let xs = &normed[first.rows.start * h..(first.rows.start + n) * h];
                 let out = &mut [(head, &mut self.logits[..n * v])];
-                if n > 1 {
+                if n > 1 && std::env::var_os("BROOK_BATCH_TILE").is_none() {
                     ex.linears_rowwise(xs, n, &mut self.head, out)?;
                 } else {
-                    ex.linears(xs, 1, &mut self.head, out)?;
+                    ex.linears(xs, n, &mut self.head, out)?;
                 }
                 for (j, sp) in self.rows[g.clone()].iter().enumerate() {
                     let s = &mut seqs[sp.seq];
@@ -764,9 +775,7 @@ impl Engine for CpuModel<'_> {
         } = step;
         if seqs.len() > 1 {
             if trace.is_some() {
-                return Err(Error::Invalid(
-                    "tracing takes one sequence per step".into(),
-                ));
+                return Err(Error::Invalid("tracing takes one sequence per step".into()));
             }
             return self.step_seqs(seqs, routing);
         }

@@ -231,10 +231,7 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
             });
         }
         fw.step_parts(&mut parts);
-        let results: Vec<Result<()>> = parts
-            .into_iter()
-            .map(|p| p.result)
-            .collect();
+        let results: Vec<Result<()>> = parts.into_iter().map(|p| p.result).collect();
         // Answer the calls that are done or failed; the rest stay for the next step.
         let mut done = Vec::new();
         for (&(i, n), r) in pick.iter().zip(results) {

@@ -212,7 +212,8 @@ impl<'m> Forward<'m> {
                     p.tokens.len(),
                 )))
             } else {
-                check_tokens(p.tokens, vocab).and_then(|()| self.engine.place(p.state, p.tokens.len()))
+                check_tokens(p.tokens, vocab)
+                    .and_then(|()| self.engine.place(p.state, p.tokens.len()))
             };
         }
         let mut ok: Vec<&mut Part<'_>> = parts.iter_mut().filter(|p| p.result.is_ok()).collect();

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::error::{Error, Result};
 
+mod batch;
 mod persist;
 use crate::engine::driver::Counters;
 use crate::engine::{EngineStats, Forward, GivenRoutes, GpuStats, Routing};
@@ -25,6 +26,7 @@ use crate::text::{
     ChatTemplate, GenerationConfig, Message, Sampler, SamplingParams, StopReason, StreamEvent,
     StreamOptions, TextStream, Tokenizer, ToolCall, ToolSchemas, prompt_opens_reasoning,
 };
+pub use batch::{Batch, SeqEvent, SeqId};
 
 /// A loaded model with everything needed to turn text into tokens and back.
 #[derive(Debug)]
@@ -308,6 +310,17 @@ impl Llm {
     /// The GPU engine's counters, if a GPU runs.
     pub fn gpu_stats(&self) -> Option<GpuStats> {
         self.engine().gpu_stats()
+    }
+
+    /// One engine step over several sequences' parts ([`crate::engine::Forward::step_parts`]),
+    /// taking the engine's lock for the step.
+    pub fn step_parts(&self, parts: &mut [crate::engine::Part<'_>]) {
+        self.engine().step_parts(parts)
+    }
+
+    /// A [`Batch`] of sequences over this model, driven by the caller.
+    pub fn batch(self: &Arc<Self>) -> Batch {
+        Batch::new(self.clone())
     }
 
     /// [`Llm::gpu_stats`] without waiting: `None` while a step runs (or without a GPU).

@@ -11,7 +11,7 @@ use std::ops::Range;
 use crate::cpu::SimdLevel;
 use crate::cpu::kernels::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::kernels::qmatmul::{XBatch, matmul_rows};
-use crate::cpu::kernels::qmatvec::{Precision, XPrep, check, matvec_rows};
+use crate::cpu::kernels::qmatvec::{Precision, XPrep, check, matvec_rows, matvec_rows_tokens};
 use crate::error::{Error, Result};
 use crate::linear::LinearRef;
 
@@ -157,13 +157,10 @@ impl Exec<'_> {
                             f(i, rows, ys);
                         }
                     } else if rowwise {
-                        let out = w.out_features;
-                        for (ti, prep) in s.rows[..t].iter().enumerate() {
-                            let at = ti * out + rows.start..ti * out + rows.end;
-                            // SAFETY: as above, row ti's columns `rows` are this unit's.
-                            let ys = unsafe { y.slice(at) };
-                            matvec_rows(level, w, prep, ys, rows.clone());
-                        }
+                        // SAFETY: as above, every token's columns `rows` are this unit's.
+                        unsafe {
+                            matvec_rows_tokens(level, w, &s.rows[..t], y, w.out_features, rows)
+                        };
                     } else {
                         // SAFETY: as above; matmul writes only columns `rows` of Y.
                         unsafe { matmul_rows(level, w, &s.batch, *y, rows) };

@@ -123,9 +123,16 @@ pub fn delta_net(
     if t == 1 {
         check_bf16(&ssm, 1)?;
         let kk = cfg.linear_conv_kernel_dim;
-        let (level, nv, dv) = (ex.level, cfg.linear_num_value_heads, cfg.linear_value_head_dim);
+        let (level, nv, dv) = (
+            ex.level,
+            cfg.linear_num_value_heads,
+            cfg.linear_value_head_dim,
+        );
         {
-            let (cv, state) = (SharedMut::new(&mut s.conv[..cd]), SharedMut::new(&mut *conv_state));
+            let (cv, state) = (
+                SharedMut::new(&mut s.conv[..cd]),
+                SharedMut::new(&mut *conv_state),
+            );
             let mut projections = [
                 (w.in_proj_qkv.view(), &mut s.qkv[..cd]),
                 (w.in_proj_z.view(), &mut s.z[..nv * dv]),
@@ -233,7 +240,11 @@ fn delta_projections(
     rowwise: bool,
     s: &mut MixerScratch,
 ) -> Result<()> {
-    let (nv, dv, cd) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim, cfg.conv_dim());
+    let (nv, dv, cd) = (
+        cfg.linear_num_value_heads,
+        cfg.linear_value_head_dim,
+        cfg.conv_dim(),
+    );
     let mut projections = [
         (w.in_proj_qkv.view(), &mut s.qkv[..t * cd]),
         (w.in_proj_z.view(), &mut s.z[..t * nv * dv]),
@@ -333,7 +344,10 @@ fn delta_core(
     let o = SharedMut::new(&mut s.o[..]);
     let ds = SharedMut::new(&mut s.dscratch[..]);
     let conv = &s.conv[r0 * cd..(r0 + t) * cd];
-    let (g, beta) = (&s.g[r0 * nv..(r0 + t) * nv], &s.beta[r0 * nv..(r0 + t) * nv]);
+    let (g, beta) = (
+        &s.g[r0 * nv..(r0 + t) * nv],
+        &s.beta[r0 * nv..(r0 + t) * nv],
+    );
     let z = &s.z[r0 * nv * dv..(r0 + t) * nv * dv];
     let y = SharedMut::new(&mut s.y[r0 * nv * dv..(r0 + t) * nv * dv]);
     let eps_n = cfg.rms_norm_eps;

@@ -323,6 +323,152 @@ pub(super) unsafe fn matvec_rows(
     }
 }
 
+/// [`block`] for `T` tokens at once: each 64-byte vector of weights is loaded and split into
+/// nibbles once and multiplied with every token's digits, and each token's sums go through
+/// exactly [`block`]'s steps in its order, so token t's result has the bits [`block`] gives
+/// it alone. Several sequences' single tokens share one read of the weights this way.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn block_tokens<const D: usize, const T: usize>(
+    a: &Affine<'_>,
+    tb: usize,
+    digits: [*const i8; T],
+    coef: [*const f32; T],
+    sums: [*const f32; T],
+) -> [__m512; T] {
+    let (n, ng) = (a.n, a.groups());
+    let (nb, bpg) = (n / 32, a.group / 32);
+    // SAFETY: as [`block`], for each token's digits, factors and sums.
+    unsafe {
+        let wp = a.packed.as_ptr().add(tb * nb * 256);
+        let nib = _mm512_set1_epi8(0x0F);
+        let mut acc = [_mm512_setzero_ps(); T];
+        for g in 0..ng {
+            let mut p = [_mm512_setzero_ps(); T];
+            for blk in g * bpg..(g + 1) * bpg {
+                let w = wp.add(blk * 256);
+                let mut s = [[[_mm512_setzero_si512(); 2]; D]; T];
+                for j in 0..4 {
+                    _mm_prefetch::<_MM_HINT_T0>(w.add(4096 + 64 * j) as *const i8);
+                    let v = _mm512_loadu_si512(w.add(64 * j) as *const _);
+                    let lo = _mm512_and_si512(v, nib);
+                    let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nib);
+                    for (t, st) in s.iter_mut().enumerate() {
+                        let d = digits[t].add(blk * D * 32);
+                        let bc = |k: usize| {
+                            _mm512_set1_epi32(std::ptr::read_unaligned(d.add(k) as *const i32))
+                        };
+                        for (k, sk) in st.iter_mut().enumerate() {
+                            sk[0] = _mm512_dpbusd_epi32(sk[0], lo, bc(32 * k + 8 * j));
+                            sk[1] = _mm512_dpbusd_epi32(sk[1], hi, bc(32 * k + 8 * j + 4));
+                        }
+                    }
+                }
+                for t in 0..T {
+                    p[t] = digit_sums::<D>(s[t], coef[t].add(blk * D), p[t]);
+                }
+            }
+            let gi = (tb * ng + g) * 16;
+            let sc = load16(a.float, a.scales.as_ptr(), gi);
+            let b = load16(a.float, a.biases.as_ptr(), gi);
+            for t in 0..T {
+                acc[t] = _mm512_fmadd_ps(p[t], sc, acc[t]);
+                acc[t] = _mm512_fmadd_ps(b, _mm512_set1_ps(*sums[t].add(g)), acc[t]);
+            }
+        }
+        acc
+    }
+}
+
+/// One token's prepared activations for [`matvec_rows_tokens`]: its digits, their factors
+/// and its Σx per group, and where its rows of y go.
+#[derive(Clone, Copy)]
+pub(super) struct TokenRows {
+    pub digits: *const i8,
+    pub coef: *const f32,
+    pub sums: *const f32,
+    /// rows.len() floats.
+    pub y: *mut f32,
+}
+
+/// [`matvec_rows`] of a tiled 4-bit `a` for several tokens, `T` at a time (the rest one by
+/// one): each token's y gets the bits [`matvec_rows`] gives it alone.
+///
+/// # Safety
+/// As [`matvec_rows`] for every token (digits of `nd` rows sized for a.n, y of rows.len()
+/// floats no one else touches during the call); `a` in [`Order::Tiles`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+pub(super) unsafe fn matvec_rows_tokens(
+    a: &Affine<'_>,
+    nd: usize,
+    tokens: &[TokenRows],
+    rows: Range<usize>,
+) {
+    assert!(a.order == Order::Tiles && matches!(nd, 1 | 3));
+    // Tokens per pass: as many as the registers hold (6 accumulators a token at Split24,
+    // 2 at int8).
+    let per = if nd == 3 { 2 } else { 4 };
+    let mut tb = rows.start / 16;
+    // SAFETY: prefetches only; every address lies inside the matrix's bytes.
+    unsafe { warm::<_MM_HINT_T0>(a, tb, rows.end.div_ceil(16)) };
+    while tb * 16 < rows.end {
+        let (lo, hi) = ((tb * 16).max(rows.start), (tb * 16 + 16).min(rows.end));
+        let store = |v: __m512, y: *mut f32| {
+            let mut all = [0.0f32; 16];
+            // SAFETY: a 16-float array; y holds rows.len() floats (caller), of which
+            // lo-rows.start..hi-rows.start are this block's.
+            unsafe {
+                _mm512_storeu_ps(all.as_mut_ptr(), v);
+                std::ptr::copy_nonoverlapping(
+                    all.as_ptr().add(lo - tb * 16),
+                    y.add(lo - rows.start),
+                    hi - lo,
+                );
+            }
+        };
+        let mut t0 = 0;
+        // SAFETY: as the caller promised for every token.
+        unsafe {
+            while t0 + per <= tokens.len() {
+                let tk = &tokens[t0..t0 + per];
+                if nd == 3 {
+                    let v = block_tokens::<3, 2>(
+                        a,
+                        tb,
+                        [tk[0].digits, tk[1].digits],
+                        [tk[0].coef, tk[1].coef],
+                        [tk[0].sums, tk[1].sums],
+                    );
+                    for (v, t) in v.into_iter().zip(tk) {
+                        store(v, t.y);
+                    }
+                } else {
+                    let v = block_tokens::<1, 4>(
+                        a,
+                        tb,
+                        std::array::from_fn(|i| tk[i].digits),
+                        std::array::from_fn(|i| tk[i].coef),
+                        std::array::from_fn(|i| tk[i].sums),
+                    );
+                    for (v, t) in v.into_iter().zip(tk) {
+                        store(v, t.y);
+                    }
+                }
+                t0 += per;
+            }
+            for t in &tokens[t0..] {
+                let v = if nd == 3 {
+                    block::<3>(a, tb, t.digits, t.coef, t.sums)
+                } else {
+                    block::<1>(a, tb, t.digits, t.coef, t.sums)
+                };
+                store(v, t.y);
+            }
+        }
+        tb += 1;
+    }
+}
+
 /// Asks for the first bytes of tile blocks `tb..end` (weights, and the first block's scales
 /// and biases): [`block`] prefetches 4 KiB ahead of itself, so a range would otherwise start
 /// on demand misses, and a decode step runs hundreds of short ranges (an expert's units).

@@ -237,6 +237,72 @@ pub fn matvec_rows(
     }
 }
 
+/// [`matvec_rows`] for several tokens (`xps[t]` prepared from token t): token t's rows
+/// `rows` go to `y[t * stride + rows]`. Each token gets the bits [`matvec_rows`] gives it;
+/// where the tile kernels run on a tiled matrix, the weights of each block are read once for
+/// several tokens (`avx512_tiles::matvec_rows_tokens`).
+///
+/// # Safety
+/// Nothing else touches those elements of `y` during the call; `w` and every prep as
+/// [`matvec_rows`] asks.
+pub unsafe fn matvec_rows_tokens(
+    level: SimdLevel,
+    w: &LinearRef<'_>,
+    xps: &[XPrep],
+    y: &super::pool::SharedMut<'_, f32>,
+    stride: usize,
+    rows: Range<usize>,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if level == SimdLevel::Avx512
+        && level.is_supported()
+        && xps.len() > 1
+        && let Some(a) = Affine::of(w)
+        && a.bits == 4
+        && a.order == Order::Tiles
+        && matches!(a.group, 32 | 64 | 128)
+        && let Some((nd, _, _)) = xps[0].tiles()
+        && xps.iter().all(|p| {
+            p.level == Some(level)
+                && p.x.len() == w.in_features
+                && p.tiles().is_some_and(|t| t.0 == nd)
+        })
+    {
+        assert!(rows.end <= w.out_features && rows.start <= rows.end);
+        let none = super::avx512_tiles::TokenRows {
+            digits: std::ptr::null(),
+            coef: std::ptr::null(),
+            sums: std::ptr::null(),
+            y: std::ptr::null_mut(),
+        };
+        let mut toks = [none; 64];
+        for (chunk_i, chunk) in xps.chunks(64).enumerate() {
+            for (i, p) in chunk.iter().enumerate() {
+                let (_, digits, coef) = p.tiles().expect("checked above");
+                let ti = chunk_i * 64 + i;
+                // SAFETY: the caller holds these elements of y.
+                let ys = unsafe { y.slice(ti * stride + rows.start..ti * stride + rows.end) };
+                toks[i] = super::avx512_tiles::TokenRows {
+                    digits: digits.as_ptr(),
+                    coef: coef.as_ptr(),
+                    sums: p.sums(a.group).as_ptr(),
+                    y: ys.as_mut_ptr(),
+                };
+            }
+            let toks = &toks[..chunk.len()];
+            // SAFETY: VNNI (the tile digits exist only with it), `w` checked by the caller,
+            // each token's digits sized for n and its y slice held.
+            unsafe { super::avx512_tiles::matvec_rows_tokens(&a, nd, toks, rows.clone()) };
+        }
+        return;
+    }
+    for (ti, p) in xps.iter().enumerate() {
+        // SAFETY: the caller holds these elements of y.
+        let ys = unsafe { y.slice(ti * stride + rows.start..ti * stride + rows.end) };
+        matvec_rows(level, w, p, ys, rows.clone());
+    }
+}
+
 /// Asks for the first few KiB of rows `rows` of `w` to be brought into cache, as
 /// [`matvec_rows`] does when it starts on them: for a caller that knows which rows it will
 /// multiply next (the one-token MoE warms an expert's up projection while its gate computes).
