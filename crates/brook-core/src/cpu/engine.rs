@@ -162,7 +162,7 @@ impl<'m> CpuModel<'m> {
         Ok(CpuModel {
             level: opts.level.unwrap_or_else(SimdLevel::detect),
             mix: MixerScratch::new(cfg, c, pool.threads(), opts.max_context),
-            moe: MoeScratch::new(cfg, c),
+            moe: MoeScratch::new(cfg, c, opts.max_seqs),
             pool,
             opts,
             conv_t,
@@ -519,16 +519,23 @@ impl CpuModel<'_> {
             add(ex.level, delta, x);
             rms_norm_rows(ex.level, x, &layer.post_attention_layernorm, eps, normed);
             let experts = model.experts.as_ref();
-            if model.prefetch && singles > 1 && matches!(routing, Routing::Router) {
-                // Streaming: ask for every single token's likeliest experts before the first
-                // one's MoE runs, so the reads of all of them overlap (each sequence's MoE
-                // below then finds its experts landed or in flight).
-                for sp in &self.rows[..singles] {
-                    let row = &normed[sp.rows.start * h..sp.rows.end * h];
-                    moe::prefetch_next(&ex, &layer.mlp, cfg, experts, i, row, &mut self.moe)?;
-                }
+            let mut first = 0;
+            if singles > 1 && matches!(routing, Routing::Router) {
+                // The single tokens together: one job, each expert read once.
+                let rows = 0..self.rows[singles - 1].rows.end * h;
+                moe::forward_tokens(
+                    &ex,
+                    &layer.mlp,
+                    cfg,
+                    experts,
+                    i,
+                    &normed[rows.clone()],
+                    &mut delta[rows],
+                    &mut self.moe,
+                )?;
+                first = singles;
             }
-            for sp in &self.rows {
+            for sp in &self.rows[first..] {
                 // A single token takes the one-token MoE; a chunk its own chunk path.
                 let rows = sp.rows.start * h..sp.rows.end * h;
                 let given = match routing {

@@ -76,7 +76,8 @@ pub struct MoeScratch {
     handles: Vec<ExpertHandle>, // [≤ E] fetched, parallel to `needed` (decode: to `sel`)
     hg: Vec<f32>,               // [C or k+1, width] gate outputs, then activations
     hu: Vec<f32>,               // [C or k+1, width] up outputs
-    preps: Vec<XPrep>,          // [k+1] prepared activations (decode)
+    preps: Vec<XPrep>,          // [seqs·(k+1)] prepared activations (decode)
+    hmap: Vec<usize>,           // [seqs·k] decode: each (token, rank)'s entry in `handles`
     xs: XScratch,               // the block input, prepared
     hs: XScratch,               // an expert's activations, prepared
     bucket: Vec<usize>,         // [C·k] tokens grouped by expert
@@ -85,16 +86,19 @@ pub struct MoeScratch {
     ye: Vec<f32>,               // [C·k or k+1, H] expert outputs (prefill: in bucket order)
     slots: Vec<(usize, f32)>,   // [C·k] per token, (bucket position, weight) by ascending expert
     lanes: Vec<Mutex<Lane>>,    // [threads] prefill: one expert at a time per thread
-    sched: Vec<usize>,          // [3(k+1)] one-token schedule counters
+    sched: Vec<usize>,          // [3·seqs·(k+1)] one-token schedule counters
 }
 
 impl MoeScratch {
-    pub fn new(cfg: &ModelConfig, chunk: usize) -> Self {
+    /// Scratch for chunks of up to `chunk` tokens and one-token steps of up to `seqs`
+    /// sequences together.
+    pub fn new(cfg: &ModelConfig, chunk: usize, seqs: usize) -> Self {
         let (h, e, k) = (cfg.hidden_size, cfg.num_experts, cfg.num_experts_per_tok);
         let width = cfg
             .moe_intermediate_size
             .max(cfg.shared_expert_intermediate_size);
-        let rows = chunk.max(k + 1);
+        let slots = seqs.max(1) * (k + 1);
+        let rows = chunk.max(slots);
         MoeScratch {
             k,
             width,
@@ -106,16 +110,17 @@ impl MoeScratch {
             handles: Vec::with_capacity(e),
             hg: vec![0.0; rows * width],
             hu: vec![0.0; rows * width],
-            preps: (0..=k).map(|_| XPrep::with_capacity(width)).collect(),
+            preps: (0..slots).map(|_| XPrep::with_capacity(width)).collect(),
+            hmap: vec![0; slots],
             xs: XScratch::default(),
             hs: XScratch::default(),
             bucket: vec![0; chunk * k],
             start: vec![0; e + 1],
             cursor: vec![0; e],
-            ye: vec![0.0; (chunk * k).max(k + 1) * h],
+            ye: vec![0.0; (chunk * k).max(slots) * h],
             slots: vec![(0, 0.0); chunk * k],
             lanes: Vec::new(),
-            sched: vec![0; 3 * (k + 1)],
+            sched: vec![0; 3 * slots],
         }
     }
 }
@@ -145,6 +150,34 @@ pub fn forward(
     } else {
         chunk::prefill(ex, w, cfg, experts, layer, x, t, out, s, given)
     }
+}
+
+/// out [n, H] = MoE(x [n, H]) for `n` single tokens of different sequences, routed by the
+/// routers: one job for all of them, each expert read once however many tokens chose it, and
+/// each token's result the bits of [`forward`] on it alone (the one-token schedule's products
+/// and sums per token). Where the expert source cannot hold all their experts at once, the
+/// tokens go one at a time.
+#[allow(clippy::too_many_arguments)]
+pub fn forward_tokens(
+    ex: &Exec<'_>,
+    w: &MoeWeights,
+    cfg: &ModelConfig,
+    experts: &dyn ExpertSource,
+    layer: usize,
+    x: &[f32],
+    out: &mut [f32],
+    s: &mut MoeScratch,
+) -> Result<()> {
+    let h = cfg.hidden_size;
+    let n = x.len() / h;
+    let fits = n * (s.k + 1) <= s.preps.len() && experts.capacity() >= n * s.k;
+    if n > 1 && fits {
+        return decode(ex, w, cfg, experts, layer, x, out, s, None);
+    }
+    for (xt, ot) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        forward(ex, w, cfg, experts, layer, xt, ot, s, None)?;
+    }
+    Ok(())
 }
 
 /// Token `ti`'s experts and weights into `s.sel` / `s.wts` from the router's logits in
@@ -198,6 +231,8 @@ pub fn prefetch_next(
     Ok(())
 }
 
+/// The one-token MoE for `n` ≥ 1 tokens (x [n, H]; `given` only for one): slot
+/// t·(k+1) + j is token t's routed expert of rank j (j < k) or its shared expert (j = k).
 #[allow(clippy::too_many_arguments)]
 fn decode(
     ex: &Exec<'_>,
@@ -216,31 +251,47 @@ fn decode(
         s.width,
         cfg.shared_expert_intermediate_size,
     );
-    let i_w = cfg.moe_intermediate_size;
+    let (i_w, h) = (cfg.moe_intermediate_size, cfg.hidden_size);
+    let n = x.len() / h;
+    let (kk, slots) = (k + 1, n * (k + 1));
     let sh = w.shared_expert.view();
     // Route first, so a streamed layer's reads start before anything else computes; the
     // shared expert's gate and up are units of the expert job below, which runs them while
     // the reads are in flight (and, resident, beside the routed experts).
-    ex.linears(
-        x,
-        1,
-        &mut s.xs,
-        &mut [
-            (w.gate.view(), &mut s.router[..e_n]),
-            (w.shared_expert_gate.view(), &mut s.sgate[..1]),
-        ],
-    )?;
-    route(s, cfg, layer, 0, given)?;
+    let mut routers = [
+        (w.gate.view(), &mut s.router[..n * e_n]),
+        (w.shared_expert_gate.view(), &mut s.sgate[..n]),
+    ];
+    if n == 1 {
+        ex.linears(x, 1, &mut s.xs, &mut routers)?;
+    } else {
+        ex.linears_rowwise(x, n, &mut s.xs, &mut routers)?;
+    }
+    for ti in 0..n {
+        route(s, cfg, layer, ti, given)?;
+    }
+    // Each expert once, however many tokens chose it.
+    s.needed.clear();
+    for (i, &e) in s.sel[..n * k].iter().enumerate() {
+        s.hmap[i] = match s.needed.iter().position(|&d| d == e) {
+            Some(p) => p,
+            None => {
+                s.needed.push(e);
+                s.needed.len() - 1
+            }
+        };
+    }
     s.handles.clear();
-    experts.fetch_into(layer, &s.sel[..k], &mut s.handles)?;
-    if s.handles.len() != k {
+    experts.fetch_into(layer, &s.needed, &mut s.handles)?;
+    if s.handles.len() != s.needed.len() {
         return Err(Error::Invalid(format!(
-            "expert source returned {} of {k} experts",
-            s.handles.len()
+            "expert source returned {} of {} experts",
+            s.handles.len(),
+            s.needed.len()
         )));
     }
     gate_up_ready(&w.shared_expert, layer, is)?;
-    let (level, h) = (ex.level, cfg.hidden_size);
+    let level = ex.level;
     let threads = ex.pool.threads();
     let (gu_rows, down_rows) = (
         unit_rows(i_w, threads, 32, 256),
@@ -249,33 +300,39 @@ fn decode(
     let (per, per_shared) = (i_w.div_ceil(gu_rows), is.div_ceil(gu_rows));
     let per_down = h.div_ceil(down_rows);
     let sched = std::sync::Mutex::new(Schedule::new(
-        &mut s.sched[..3 * (k + 1)],
+        &mut s.sched[..3 * slots],
         k,
+        slots,
         per,
         per_shared,
     ));
     {
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
         let (preps, ys) = (SharedMut::new(&mut s.preps), SharedMut::new(&mut s.ye));
-        let (handles, prep, prec) = (&s.handles, &s.xs.prep, ex.precision);
+        let (handles, hmap, prec) = (&s.handles, &s.hmap, ex.precision);
+        let (one, rows_prep) = (&s.xs.prep, &s.xs.rows);
+        // Token t's prepared input.
+        let prep = |t: usize| if n == 1 { one } else { &rows_prep[t] };
+        let routed = |slot: usize| slot % kk < k;
+        let handle = |slot: usize| &handles[hmap[slot / kk * k + slot % kk]];
         let lock = || sched.lock().unwrap_or_else(|p| p.into_inner());
         // The rows of a gate/up or a down unit, and a unit's first rows asked into L2.
         let gu = |slot: usize, block: usize| {
-            let wide = if slot < k { i_w } else { is };
+            let wide = if routed(slot) { i_w } else { is };
             block * gu_rows..((block + 1) * gu_rows).min(wide)
         };
         let down = |block: usize| block * down_rows..((block + 1) * down_rows).min(h);
         let down_of = |slot: usize| {
-            if slot < k {
-                handles[slot].view().down_proj
+            if routed(slot) {
+                handle(slot).view().down_proj
             } else {
                 sh.down_proj
             }
         };
         let warm_unit = |unit: &Unit| match *unit {
             Unit::GateUp(slot, block) => {
-                let v = if slot < k {
-                    gate_up_ready(&*handles[slot], layer, i_w).ok()
+                let v = if routed(slot) {
+                    gate_up_ready(&**handle(slot), layer, i_w).ok()
                 } else {
                     Some(sh)
                 };
@@ -287,10 +344,10 @@ fn decode(
             Unit::Wait | Unit::Done => {}
         };
         ex.pool.run(&|_| {
-            let landed = |slot: usize| slot == k || handles[slot].landed();
+            // The shared experts are always in memory.
+            let landed = |slot: usize| !routed(slot) || handle(slot).landed();
             let mut next: Option<Unit> = None;
             loop {
-                // The shared expert (slot k) is always in memory.
                 let unit = match next.take() {
                     Some(u) => u,
                     None => lock().claim(landed, per_down, true),
@@ -307,15 +364,15 @@ fn decode(
                     Unit::Done => return,
                     // Another thread holds the last open work; sleep on a read it waits for
                     // rather than spin (its error, if any, is reported by that thread).
-                    Unit::Wait => match (0..k).find(|&slot| !handles[slot].landed()) {
-                        Some(slot) => drop(handles[slot].wait()),
+                    Unit::Wait => match handles.iter().find(|hd| !hd.landed()) {
+                        Some(hd) => drop(hd.wait()),
                         None => std::thread::yield_now(),
                     },
                     Unit::GateUp(slot, block) => {
-                        let (at, wide) = (slot * width, if slot < k { i_w } else { is });
+                        let (at, wide) = (slot * width, if routed(slot) { i_w } else { is });
                         let rows = gu(slot, block);
-                        let v = if slot < k {
-                            match gate_up_ready(&*handles[slot], layer, i_w) {
+                        let v = if routed(slot) {
+                            match gate_up_ready(&**handle(slot), layer, i_w) {
                                 Ok(v) => v,
                                 Err(e) => {
                                     lock().fail(e);
@@ -334,8 +391,9 @@ fn decode(
                         };
                         // The up rows' start comes into L1 while the gate's compute.
                         warm(level, &v.up_proj, rows.clone(), true);
-                        matvec_rows(level, &v.gate_proj, prep, g, rows.clone());
-                        matvec_rows(level, &v.up_proj, prep, u, rows);
+                        let xp = prep(slot / kk);
+                        matvec_rows(level, &v.gate_proj, xp, g, rows.clone());
+                        matvec_rows(level, &v.up_proj, xp, u, rows);
                         if lock().gate_up_done(slot) {
                             // SAFETY: the slot's gate/up blocks are all done and its down
                             // blocks are not claimable until `prepared`, so we hold it alone.
@@ -370,15 +428,17 @@ fn decode(
     if let Some(e) = sched.into_inner().unwrap_or_else(|p| p.into_inner()).failed {
         return Err(e);
     }
-    // The weighted sum, in slot order (routed by rank, then the shared expert), so the result
-    // does not depend on which reads landed first.
-    let gs = sigmoid(s.sgate[0]);
-    let o = &mut out[..h];
-    o.fill(0.0);
-    for slot in 0..=k {
-        let coef = if slot < k { s.wts[slot] } else { gs };
-        for (a, b) in o.iter_mut().zip(&s.ye[slot * h..][..h]) {
-            *a += coef * b;
+    // Each token's weighted sum, in slot order (routed by rank, then the shared expert), so
+    // the result does not depend on which reads landed first.
+    for t in 0..n {
+        let gs = sigmoid(s.sgate[t]);
+        let o = &mut out[t * h..(t + 1) * h];
+        o.fill(0.0);
+        for j in 0..=k {
+            let coef = if j < k { s.wts[t * k + j] } else { gs };
+            for (a, b) in o.iter_mut().zip(&s.ye[(t * kk + j) * h..][..h]) {
+                *a += coef * b;
+            }
         }
     }
     Ok(())
@@ -426,12 +486,14 @@ enum Unit {
 /// so the down projections of the experts that landed run while the rest are still being
 /// read. Counters live in the MoE scratch (no allocation per token).
 struct Schedule<'a> {
-    /// [k+1] next gate/up block to claim, gate/up blocks done, next down block to claim
+    /// [slots] next gate/up block to claim, gate/up blocks done, next down block to claim
     /// (`usize::MAX` until the slot's activations are prepared).
     next_gu: &'a mut [usize],
     done_gu: &'a mut [usize],
     next_down: &'a mut [usize],
+    /// Routed experts per token: slot s is a shared expert where s % (k+1) = k.
     k: usize,
+    slots: usize,
     /// Gate/up blocks of a routed expert, and of the shared expert (slot k).
     per: usize,
     per_shared: usize,
@@ -441,9 +503,15 @@ struct Schedule<'a> {
 }
 
 impl<'a> Schedule<'a> {
-    fn new(counters: &'a mut [usize], k: usize, per: usize, per_shared: usize) -> Self {
-        let (next_gu, rest) = counters.split_at_mut(k + 1);
-        let (done_gu, next_down) = rest.split_at_mut(k + 1);
+    fn new(
+        counters: &'a mut [usize],
+        k: usize,
+        slots: usize,
+        per: usize,
+        per_shared: usize,
+    ) -> Self {
+        let (next_gu, rest) = counters.split_at_mut(slots);
+        let (done_gu, next_down) = rest.split_at_mut(slots);
         next_gu.fill(0);
         done_gu.fill(0);
         next_down.fill(usize::MAX);
@@ -452,6 +520,7 @@ impl<'a> Schedule<'a> {
             done_gu,
             next_down,
             k,
+            slots,
             per,
             per_shared,
             opening: 0,
@@ -461,7 +530,7 @@ impl<'a> Schedule<'a> {
 
     /// Gate/up blocks of `slot`.
     fn blocks(&self, slot: usize) -> usize {
-        if slot < self.k {
+        if slot % (self.k + 1) < self.k {
             self.per
         } else {
             self.per_shared
@@ -476,19 +545,19 @@ impl<'a> Schedule<'a> {
         if self.failed.is_some() {
             return Unit::Done;
         }
-        let k = self.k;
+        let (k, slots) = (self.k, self.slots);
         let open = |s: &Self, slot: usize| s.next_gu[slot] < s.blocks(slot);
-        let pick = (0..=k)
+        let pick = (0..slots)
             .find(|&slot| open(self, slot) && landed(slot))
             .map(|slot| (slot, true))
             .or_else(|| {
-                (0..=k)
+                (0..slots)
                     .find(|&slot| self.next_down[slot] < per_down)
                     .map(|slot| (slot, false))
             })
             .or_else(|| {
-                (0..k)
-                    .find(|&slot| wait && open(self, slot))
+                (0..slots)
+                    .find(|&slot| wait && slot % (k + 1) < k && open(self, slot))
                     .map(|slot| (slot, true))
             });
         match pick {
