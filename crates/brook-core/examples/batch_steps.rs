@@ -14,9 +14,17 @@ fn main() -> brook_core::Result<()> {
     let dir = std::path::PathBuf::from(&args[1]);
     let n: usize = args.get(2).map_or(4, |s| s.parse().expect("N"));
     let steps: usize = args.get(3).map_or(20, |s| s.parse().expect("STEPS"));
+    // BROOK_PRECISION=fast|split24 picks the CPU engine's arithmetic (default exact).
+    let precision = match std::env::var("BROOK_PRECISION").as_deref() {
+        Ok("fast") => brook_core::cpu::Precision::Fast,
+        Ok("split24") => brook_core::cpu::Precision::Split24,
+        _ => brook_core::cpu::Precision::Exact,
+    };
     let o = OpenOptions {
         max_seqs: n,
         context: 512,
+        precision,
+        threads: std::env::var("BROOK_THREADS").ok().and_then(|t| t.parse().ok()),
         ..Default::default()
     };
     let model = std::sync::Arc::new(brook_core::Model::open_with(&dir, &o)?);
@@ -29,7 +37,12 @@ fn main() -> brook_core::Result<()> {
         }
         let mut states: Vec<_> = (0..k).map(|_| fw.new_state(512)).collect();
         let mut outs = vec![Vec::new(); k];
-        let mut toks: Vec<u32> = (0..k as u32).map(|i| 100 + 7 * i).collect();
+        // BROOK_SAME=1: every sequence feeds the same tokens, so they route alike and each
+        // expert is read once for all (what sharing the experts is worth).
+        let same = std::env::var_os("BROOK_SAME").is_some();
+        let mut toks: Vec<u32> = (0..k as u32)
+            .map(|i| if same { 100 } else { 100 + 7 * i })
+            .collect();
         let mut times = Vec::new();
         for s in 0..steps + 2 {
             let t = Instant::now();

@@ -292,7 +292,10 @@ fn decode(
     }
     gate_up_ready(&w.shared_expert, layer, is)?;
     let level = ex.level;
-    let threads = ex.pool.threads();
+    // Threads per token: with several tokens there are that many more experts to share out,
+    // so units grow (fewer claims of the schedule's lock; the rows' results do not depend on
+    // how they are split).
+    let threads = ex.pool.threads().div_ceil(n);
     let (gu_rows, down_rows) = (
         unit_rows(i_w, threads, 32, 256),
         unit_rows(h, threads, 64, 1024),
