@@ -24,7 +24,9 @@ fn main() -> brook_core::Result<()> {
         max_seqs: n,
         context: 512,
         precision,
-        threads: std::env::var("BROOK_THREADS").ok().and_then(|t| t.parse().ok()),
+        threads: std::env::var("BROOK_THREADS")
+            .ok()
+            .and_then(|t| t.parse().ok()),
         ..Default::default()
     };
     let model = std::sync::Arc::new(brook_core::Model::open_with(&dir, &o)?);

@@ -434,9 +434,7 @@ impl CpuModel<'_> {
             rms_norm_rows(ex.level, x, &layer.input_layernorm, eps, normed);
             for g in &groups {
                 let rows = self.rows[g.start].rows.start..self.rows[g.end - 1].rows.end;
-                let rowwise = g.start < singles
-                    && g.len() > 1
-                    && std::env::var_os("BROOK_BATCH_TILE").is_none();
+                let rowwise = g.start < singles && g.len() > 1;
                 let (xn, out) = (
                     &normed[rows.start * h..rows.end * h],
                     &mut delta[rows.start * h..rows.end * h],
@@ -571,11 +569,7 @@ impl CpuModel<'_> {
                 }
                 let xs = &normed[first.rows.start * h..(first.rows.start + n) * h];
                 let out = &mut [(head, &mut self.logits[..n * v])];
-                if n > 1 && std::env::var_os("BROOK_BATCH_TILE").is_none() {
-                    ex.linears_rowwise(xs, n, &mut self.head, out)?;
-                } else {
-                    ex.linears(xs, n, &mut self.head, out)?;
-                }
+                ex.linears_rowwise(n > 1, xs, n, &mut self.head, out)?;
                 for (j, sp) in self.rows[g.clone()].iter().enumerate() {
                     let s = &mut seqs[sp.seq];
                     if s.want != Logits::None {

@@ -29,32 +29,24 @@ pub const CONTEXT: usize = 2048;
 /// so no run leaves a model behind in the temp directory.
 pub fn llm() -> Arc<Llm> {
     static LLM: OnceLock<Arc<Llm>> = OnceLock::new();
-    LLM.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = chat_model(dir.path());
-        let opts = OpenOptions {
-            context: CONTEXT,
-            ..Default::default()
-        };
-        Arc::new(Llm::open(&path, opts).expect("open"))
-    })
-    .clone()
+    LLM.get_or_init(|| open_chat(1)).clone()
 }
 
-/// The model opened for `seqs` sequences a step (the batcher on), once per test binary.
+/// The model opened for 4 sequences a step (the batcher on), once per test binary.
 pub fn llm_parallel() -> Arc<Llm> {
     static LLM: OnceLock<Arc<Llm>> = OnceLock::new();
-    LLM.get_or_init(|| {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = chat_model(dir.path());
-        let opts = OpenOptions {
-            context: CONTEXT,
-            max_seqs: 4,
-            ..Default::default()
-        };
-        Arc::new(Llm::open(&path, opts).expect("open"))
-    })
-    .clone()
+    LLM.get_or_init(|| open_chat(4)).clone()
+}
+
+fn open_chat(max_seqs: usize) -> Arc<Llm> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = chat_model(dir.path());
+    let opts = OpenOptions {
+        context: CONTEXT,
+        max_seqs,
+        ..Default::default()
+    };
+    Arc::new(Llm::open(&path, opts).expect("open"))
 }
 
 /// A server running on its own runtime thread; stopped when dropped.

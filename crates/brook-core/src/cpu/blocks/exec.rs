@@ -66,17 +66,18 @@ impl Exec<'_> {
         self.run(x, t, s, outs, None, false)
     }
 
-    /// [`Exec::linears`] computing each of the `t` rows with the one-token kernel (the
-    /// same bits as `t` one-token calls), every block of weight rows read from memory once
-    /// for all of them: a step of several sequences' single tokens.
+    /// [`Exec::linears`], or with `rowwise` each of the `t` rows computed by the one-token
+    /// kernel (the same bits as `t` one-token calls), every block of weight rows read from
+    /// memory once for all of them: a step of several sequences' single tokens.
     pub fn linears_rowwise(
         &self,
+        rowwise: bool,
         x: &[f32],
         t: usize,
         s: &mut XScratch,
         outs: &mut [(LinearRef<'_>, &mut [f32])],
     ) -> Result<()> {
-        self.run(x, t, s, outs, None, true)
+        self.run(x, t, s, outs, None, rowwise)
     }
 
     /// [`Exec::linears`] for one token x [in] that also runs `then(i, rows, y)` on the thread

@@ -207,11 +207,7 @@ pub fn delta_net_seqs(
     }
     let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
     let ys = &s.y[..t * nv * dv];
-    if rowwise {
-        ex.linears_rowwise(ys, t, &mut s.ys, &mut [(w.out_proj.view(), out)])
-    } else {
-        ex.linears(ys, t, &mut s.ys, &mut [(w.out_proj.view(), out)])
-    }
+    ex.linears_rowwise(rowwise, ys, t, &mut s.ys, &mut [(w.out_proj.view(), out)])
 }
 
 fn reborrow<'b>(ssm: &'b mut Ssm<'_>) -> Ssm<'b> {
@@ -251,11 +247,7 @@ fn delta_projections(
         (w.in_proj_b.view(), &mut s.b[..t * nv]),
         (w.in_proj_a.view(), &mut s.a[..t * nv]),
     ];
-    if rowwise {
-        ex.linears_rowwise(x, t, &mut s.xs, &mut projections)
-    } else {
-        ex.linears(x, t, &mut s.xs, &mut projections)
-    }
+    ex.linears_rowwise(rowwise, x, t, &mut s.xs, &mut projections)
 }
 
 /// The DeltaNet after its projections for the tokens in scratch rows `rows` of one sequence:
@@ -515,22 +507,14 @@ pub fn attention_seqs(
         (w.k_proj.view(), &mut s.kk[..t * nkv * hd]),
         (w.v_proj.view(), &mut s.vv[..t * nkv * hd]),
     ];
-    if rowwise {
-        ex.linears_rowwise(x, t, &mut s.xs, &mut projections)?;
-    } else {
-        ex.linears(x, t, &mut s.xs, &mut projections)?;
-    }
+    ex.linears_rowwise(rowwise, x, t, &mut s.xs, &mut projections)?;
     for q in seqs.iter_mut() {
         let (keys, values) = (&mut *q.state.0, &mut *q.state.1);
         attention_core(ex, w, cfg, inv_freq, keys, values, q.pos, q.rows.clone(), s);
     }
     let ys = &s.y[..t * nq * hd];
     let mut o = [(w.o_proj.view(), out)];
-    if rowwise {
-        ex.linears_rowwise(ys, t, &mut s.ys, &mut o)
-    } else {
-        ex.linears(ys, t, &mut s.ys, &mut o)
-    }
+    ex.linears_rowwise(rowwise, ys, t, &mut s.ys, &mut o)
 }
 
 /// Attention after the projections for one sequence's tokens in scratch rows `rows`, at

@@ -262,11 +262,7 @@ fn decode(
         (w.gate.view(), &mut s.router[..n * e_n]),
         (w.shared_expert_gate.view(), &mut s.sgate[..n]),
     ];
-    if n == 1 {
-        ex.linears(x, 1, &mut s.xs, &mut routers)?;
-    } else {
-        ex.linears_rowwise(x, n, &mut s.xs, &mut routers)?;
-    }
+    ex.linears_rowwise(n > 1, x, n, &mut s.xs, &mut routers)?;
     for ti in 0..n {
         route(s, cfg, layer, ti, given)?;
     }
