@@ -84,3 +84,20 @@ fn serve_refuses_a_public_address_without_an_api_key() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--api-key"), "{err}");
 }
+
+#[test]
+fn serve_refuses_a_parallel_count_out_of_range() {
+    for n in ["0", "65"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_brook"))
+            .args(["serve", "--port", "0", "--parallel", n, "--model"])
+            .arg(fixture("qwen35-q4"))
+            .output()
+            .expect("run");
+        assert_eq!(out.status.code(), Some(2), "--parallel {n}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("--parallel") && err.contains("1 to 64"),
+            "{err}"
+        );
+    }
+}

@@ -236,7 +236,11 @@ pub fn default_parallel(
     if o.backend != Backend::Cpu {
         return Ok(1);
     }
-    let cfg = brook_core::config::ModelConfig::from_dir(path)?;
+    let cfg = if brook_core::container::is_container(path) {
+        brook_core::container::Container::open(path)?.config
+    } else {
+        brook_core::config::ModelConfig::from_dir(path)?
+    };
     let Some(budget) = o
         .memory_budget
         .or_else(brook_core::experts::budget::automatic_budget)
