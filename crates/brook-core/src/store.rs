@@ -353,10 +353,28 @@ fn same_source(dir: &Path, src: &RepackSource<'_>) -> bool {
         .is_some_and(|m| m.source.files == src.identity.files && m.config == src.config_json)
 }
 
+/// Writes `dir`'s origin file, unless it already says `origin`. Several processes opening
+/// the same stored checkpoint at once each get here: each writes its own temporary file
+/// (named by its process id and a count) and renames it over the origin, so none finds its temporary
+/// file renamed away by another.
 fn write_origin(dir: &Path, origin: &Origin) -> Result<()> {
+    let path = dir.join(ORIGIN_FILE);
+    let old: Option<Origin> = crate::util::read_capped(&path, crate::util::MAX_CONFIG)
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok());
+    if old.as_ref() == Some(origin) {
+        return Ok(());
+    }
     let bytes = serde_json::to_vec_pretty(origin)
         .map_err(|e| Error::Invalid(format!("cannot encode {ORIGIN_FILE}: {e}")))?;
-    write_atomic(&dir.join(ORIGIN_FILE), &bytes)
+    static WRITES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!("{ORIGIN_FILE}.{}-{n}.partial", std::process::id()));
+    write_atomic(&tmp, &bytes)?;
+    crate::util::rename_durable(&tmp, &path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::io(&path, e)
+    })
 }
 
 /// Moves the finished `partial` to `dest`, replacing an older container there.

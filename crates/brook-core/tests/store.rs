@@ -124,6 +124,20 @@ fn opening_one_checkpoint_from_several_places_at_once_repacks_it_once() {
     assert!(dirs.iter().all(|d| d == &dirs[0]), "{dirs:?}");
     assert_eq!(repacks.into_inner(), 1);
     Container::open(&dirs[0]).expect("a working container");
+    // Reopening it from many places at once (several servers or test processes starting
+    // together) used to fail: each rewrote the origin file through the same temporary file,
+    // and one's rename took another's away ("brook-origin.json: No such file").
+    for _ in 0..5 {
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    Store::new(home.path())
+                        .resolve(src.to_str().expect("utf8"), &mut |_| {})
+                        .expect("concurrent reopen")
+                });
+            }
+        });
+    }
 }
 
 /// A run killed after its repack finished but before the container moved into place leaves a

@@ -196,13 +196,15 @@ impl ModelArgs {
         &self,
         parallel: Option<usize>,
     ) -> Result<(std::sync::Arc<brook_core::session::Llm>, usize)> {
+        if let Some(n) = parallel.filter(|n| !(1..=MAX_PARALLEL).contains(n)) {
+            anyhow::bail!(brook_core::Error::Invalid(format!(
+                "--parallel {n}: give 1 to {MAX_PARALLEL} requests"
+            )));
+        }
         let path = self.path()?;
         let mut o = self.options()?;
         let n = match parallel {
-            Some(n) if (1..=MAX_PARALLEL).contains(&n) => n,
-            Some(n) => anyhow::bail!(brook_core::Error::Invalid(format!(
-                "--parallel {n}: give 1 to {MAX_PARALLEL} requests"
-            ))),
+            Some(n) => n,
             None => default_parallel(&path, &o)?,
         };
         o.max_seqs = n;
