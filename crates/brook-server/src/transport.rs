@@ -39,6 +39,23 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Notify;
 
 use crate::App;
+
+/// Connections the kernel queues for `accept` (capped by `net.core.somaxconn`). tokio's
+/// default of 1024 let a flood of new connections fill the queue, and a dropped SYN costs its
+/// client a second before it retries (a `/health` probe beside 1500 slow sockets took 1.01 s).
+pub const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listener on `addr` with a backlog of [`LISTEN_BACKLOG`].
+pub fn bind(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 use crate::error::ApiError;
 
 /// The address a request came from (a request extension set by the accept loop).

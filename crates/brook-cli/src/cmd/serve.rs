@@ -141,8 +141,7 @@ pub fn run(a: Args) -> Result<()> {
         .build()
         .context("cannot start the async runtime")?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
+        let listener = brook_server::transport::bind(addr)
             .with_context(|| format!("cannot listen on {addr}"))?;
         let bound = listener.local_addr()?;
         // Tests and scripts read this line to find the port.

@@ -80,9 +80,8 @@ pub fn start_with(llm: Arc<Llm>, config: brook_server::Config) -> TestServer {
             .build()
             .expect("runtime");
         rt.block_on(async move {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind");
+            let listener =
+                brook_server::transport::bind("127.0.0.1:0".parse().expect("addr")).expect("bind");
             addr_tx
                 .send(listener.local_addr().expect("addr"))
                 .expect("send");
