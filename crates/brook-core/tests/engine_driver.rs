@@ -160,3 +160,63 @@ fn a_failed_step_leaves_a_fresh_state_not_a_half_updated_one() {
     assert!(e.to_string().contains("injected"), "{e}");
     assert_eq!(st, model.new_state());
 }
+
+/// The reference engine that panics on the step with this index (0-based).
+#[derive(Debug)]
+struct Panicky {
+    inner: Reference<'static>,
+    steps: usize,
+    panic_at: usize,
+}
+
+impl Engine for Panicky {
+    fn name(&self) -> &'static str {
+        "panicky"
+    }
+    fn model(&self) -> &Model {
+        self.inner.model()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            max_seqs: 4,
+            ..self.inner.caps()
+        }
+    }
+    fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
+        self.inner.place(state, tokens)
+    }
+    fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        self.steps += 1;
+        if self.steps - 1 == self.panic_at {
+            panic!("injected engine panic");
+        }
+        self.inner.step(step)
+    }
+}
+
+#[test]
+fn a_panicking_step_fails_its_calls_and_the_batcher_goes_on() {
+    use brook_core::engine::batch::Batcher;
+    let model = std::sync::Arc::new(Model::open(&fixture("qwen35-q4")).expect("open"));
+    let engine = Panicky {
+        inner: Reference::shared(model.clone()),
+        steps: 0,
+        panic_at: 1,
+    };
+    let fw = std::sync::Arc::new(std::sync::Mutex::new(Forward::new(engine)));
+    let b = Batcher::spawn(fw).expect("batcher");
+    let mut st = model.new_state();
+    let mut out = Vec::new();
+    b.forward_into(&mut st, &TOKENS[..3], Logits::Last, &mut out)
+        .expect("step 0 runs");
+    assert_eq!(st.pos, 3);
+    let e = b
+        .forward_into(&mut st, &TOKENS[3..5], Logits::Last, &mut out)
+        .expect_err("step 1 panics");
+    assert!(e.to_string().contains("injected engine panic"), "{e}");
+    // The state starts afresh, and the scheduler still answers.
+    assert_eq!(st.pos, 0);
+    b.forward_into(&mut st, &TOKENS[..2], Logits::Last, &mut out)
+        .expect("step 2 runs");
+    assert_eq!(out.len(), model.cfg.vocab_size);
+}

@@ -230,8 +230,30 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
                 result: Ok(()),
             });
         }
-        fw.step_parts(&mut parts);
-        let results: Vec<Result<()>> = parts.into_iter().map(|p| p.result).collect();
+        // A panic in a step (a bug) fails that step's calls, not the scheduler: a caller
+        // waiting on a scheduler that died would wait forever.
+        let ran =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| fw.step_parts(&mut parts)));
+        let results: Vec<Result<()>> = match ran {
+            Ok(()) => parts.into_iter().map(|p| p.result).collect(),
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "unknown panic".into());
+                tracing::error!("a batched forward step panicked: {what}");
+                let fresh = fw.new_state(0);
+                parts
+                    .into_iter()
+                    .map(|p| {
+                        // Half-updated: start afresh, as after a failed step.
+                        p.state.clone_from(&fresh);
+                        Err(Error::Invalid(format!("the forward step panicked: {what}")))
+                    })
+                    .collect()
+            }
+        };
         // Answer the calls that are done or failed; the rest stay for the next step.
         let mut done = Vec::new();
         for (&(i, n), r) in pick.iter().zip(results) {
