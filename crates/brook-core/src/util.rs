@@ -146,6 +146,15 @@ pub fn ensure_free_space(dir: &Path, need: u64, what: &str) -> std::io::Result<(
     Ok(())
 }
 
+/// The message a caught panic carries (`panic!("...")` gives a `&str` or a `String`).
+pub fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -113,10 +113,6 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 /// The answer when a handler panicked (a bug in brook; the request's input cannot be trusted
 /// to say more).
 pub(crate) fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
-    let what = panic
-        .downcast_ref::<&str>()
-        .map(|s| s.to_string())
-        .or_else(|| panic.downcast_ref::<String>().cloned())
-        .unwrap_or_else(|| "unknown panic".into());
+    let what = brook_core::util::panic_message(&*panic);
     ApiError::internal_logged(format!("handler panicked: {what}")).into_response()
 }

@@ -317,11 +317,7 @@ fn worker_loop(llm: Arc<Llm>, slot: usize, dispatch: &Dispatch, metrics: &Metric
                 metrics.finished(None, None);
                 session = llm.session();
                 owner = None;
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
+                let what = brook_core::util::panic_message(&*panic);
                 Out::Failed(ApiError::internal_logged(format!(
                     "generation panicked: {what}"
                 )))

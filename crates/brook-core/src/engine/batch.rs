@@ -207,14 +207,10 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
         }
         let mut parts: Vec<Part<'_>> = Vec::with_capacity(pick.len());
         pick.sort_unstable();
-        let mut it = active.iter_mut().enumerate();
-        for &(i, n) in &pick {
-            let c = loop {
-                match it.next() {
-                    Some((j, c)) if j == i => break c,
-                    Some(_) => continue,
-                    None => unreachable!("picks are distinct indices of `active`"),
-                }
+        let mut picked = pick.iter().peekable();
+        for (j, c) in active.iter_mut().enumerate() {
+            let Some(&(_, n)) = picked.next_if(|p| p.0 == j) else {
+                continue;
             };
             let last = c.fed + n == c.tokens.len();
             let want = match c.want {
@@ -237,11 +233,7 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
         let results: Vec<Result<()>> = match ran {
             Ok(()) => parts.into_iter().map(|p| p.result).collect(),
             Err(panic) => {
-                let what = panic
-                    .downcast_ref::<&str>()
-                    .map(|s| s.to_string())
-                    .or_else(|| panic.downcast_ref::<String>().cloned())
-                    .unwrap_or_else(|| "unknown panic".into());
+                let what = crate::util::panic_message(&*panic);
                 tracing::error!("a batched forward step panicked: {what}");
                 let fresh = fw.new_state(0);
                 parts
