@@ -1,0 +1,254 @@
+//! A step of several sequences on [`CpuModel`] (issue #32's batched decoding): the row
+//! layout, which products run together, and each sequence's mixer on its own state. Split
+//! from `engine.rs`, whose one-sequence path it mirrors; docs/CPU.md, "Steps of several
+//! sequences", says why each sequence keeps its bits.
+
+use super::{CpuModel, Span};
+use crate::cpu::blocks::exec::Exec;
+use crate::cpu::blocks::mixer::{self, Ssm};
+use crate::cpu::blocks::moe;
+use crate::cpu::kernels::ops::{add, rms_norm_rows};
+use crate::cpu::state::Bf16Ssm;
+use crate::engine::{Routing, SeqStep};
+use crate::error::{Error, Result};
+use crate::model::state::{LayerState, SeqState};
+use crate::model::weights::Mixer;
+use crate::model::{Logits, Model};
+
+impl CpuModel<'_> {
+    /// A step of several sequences: their rows go through the layers together, single tokens
+    /// first. Every result is what the sequence would get in a step of its own: the single
+    /// tokens' products take the one-token kernel row by row (each weight block read from
+    /// memory once for all of them) and their MoE the one-token path; each chunk's products
+    /// and MoE run on its rows alone; every sequence's mixer runs on its own state. So the
+    /// bits do not depend on what runs beside a sequence (tests/cpu_batch.rs).
+    pub(super) fn step_seqs(
+        &mut self,
+        seqs: &mut [SeqStep<'_>],
+        routing: Routing<'_>,
+    ) -> Result<()> {
+        let model_ref = self.model.clone();
+        let model: &Model = &model_ref;
+        let (h, cfg) = (model.cfg.hidden_size, &model.cfg);
+        let total: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        let chunks = seqs.iter().filter(|s| s.tokens.len() > 1).count();
+        let singles = seqs.len() - chunks;
+        if seqs.len() > self.opts.max_seqs
+            || total > self.x.len() / h
+            || seqs.iter().any(|s| s.tokens.len() > self.opts.max_chunk)
+        {
+            return Err(Error::Invalid(format!(
+                "a step of {} sequences and {total} tokens exceeds the engine's {} sequences of at most {} tokens",
+                seqs.len(),
+                self.opts.max_seqs,
+                self.opts.max_chunk
+            )));
+        }
+        self.rows.clear();
+        let mut at = 0;
+        for pass in [true, false] {
+            for (i, s) in seqs.iter().enumerate() {
+                let n = s.tokens.len();
+                if (n == 1) == pass {
+                    self.rows.push(Span {
+                        seq: i,
+                        rows: at..at + n,
+                    });
+                    at += n;
+                }
+            }
+        }
+        let ex = Exec {
+            pool: &self.pool,
+            level: self.level,
+            precision: self.opts.precision,
+        };
+        let (x, normed, delta) = (
+            &mut self.x[..total * h],
+            &mut self.normed[..total * h],
+            &mut self.delta[..total * h],
+        );
+        for sp in &self.rows {
+            let s = &seqs[sp.seq];
+            for (row, &tok) in x[sp.rows.start * h..sp.rows.end * h]
+                .chunks_exact_mut(h)
+                .zip(s.tokens)
+            {
+                model.dense.embed_tokens.row(tok as usize, row)?;
+            }
+        }
+        // The groups of rows whose products run together: the single tokens, then each chunk.
+        let groups: Vec<std::ops::Range<usize>> = std::iter::once(0..singles)
+            .filter(|g| !g.is_empty())
+            .chain((singles..self.rows.len()).map(|i| i..i + 1))
+            .collect();
+        let eps = cfg.rms_norm_eps;
+        for (i, layer) in model.dense.layers.iter().enumerate() {
+            rms_norm_rows(ex.level, x, &layer.input_layernorm, eps, normed);
+            for g in &groups {
+                let rows = self.rows[g.start].rows.start..self.rows[g.end - 1].rows.end;
+                let rowwise = g.start < singles && g.len() > 1;
+                let (xn, out) = (
+                    &normed[rows.start * h..rows.end * h],
+                    &mut delta[rows.start * h..rows.end * h],
+                );
+                let spans = &self.rows[g.clone()];
+                let local = |sp: &Span| sp.rows.start - rows.start..sp.rows.end - rows.start;
+                match &layer.mixer {
+                    Mixer::Linear(w) => {
+                        let mut states = Vec::with_capacity(spans.len());
+                        for (si, s) in seqs.iter_mut().enumerate() {
+                            let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
+                                continue;
+                            };
+                            let SeqState {
+                                pos,
+                                layers,
+                                device,
+                            } = &mut *s.state;
+                            let held = Bf16Ssm::in_slot(device);
+                            let LayerState::Linear { conv, ssm } = &mut layers[i] else {
+                                return Err(Error::Invalid(format!(
+                                    "state does not fit layer {i}"
+                                )));
+                            };
+                            let ssm = match held {
+                                Some(hd) => Ssm::Bf16(&mut hd.layers[i]),
+                                None => Ssm::F32(ssm),
+                            };
+                            states.push(mixer::SeqRows {
+                                rows: local(sp),
+                                pos: *pos,
+                                state: (&mut conv[..], ssm),
+                            });
+                        }
+                        mixer::delta_net_seqs(
+                            &ex,
+                            w,
+                            cfg,
+                            &self.conv_t[i],
+                            &mut states,
+                            xn,
+                            out,
+                            rowwise,
+                            &mut self.mix,
+                        )?;
+                    }
+                    Mixer::Full(w) => {
+                        let mut states = Vec::with_capacity(spans.len());
+                        for (si, s) in seqs.iter_mut().enumerate() {
+                            let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
+                                continue;
+                            };
+                            let st = &mut *s.state;
+                            let pos = st.pos;
+                            let LayerState::Full { keys, values } = &mut st.layers[i] else {
+                                return Err(Error::Invalid(format!(
+                                    "state does not fit layer {i}"
+                                )));
+                            };
+                            states.push(mixer::SeqRows {
+                                rows: local(sp),
+                                pos,
+                                state: (keys, values),
+                            });
+                        }
+                        mixer::attention_seqs(
+                            &ex,
+                            w,
+                            cfg,
+                            &self.inv_freq,
+                            &mut states,
+                            xn,
+                            out,
+                            rowwise,
+                            &mut self.mix,
+                        )?;
+                    }
+                }
+            }
+            add(ex.level, delta, x);
+            rms_norm_rows(ex.level, x, &layer.post_attention_layernorm, eps, normed);
+            let experts = model.experts.as_ref();
+            let mut first = 0;
+            if singles > 1 && matches!(routing, Routing::Router) {
+                // The single tokens together: one job, each expert read once.
+                let rows = 0..self.rows[singles - 1].rows.end * h;
+                moe::forward_tokens(
+                    &ex,
+                    &layer.mlp,
+                    cfg,
+                    experts,
+                    i,
+                    &normed[rows.clone()],
+                    &mut delta[rows],
+                    &mut self.moe,
+                )?;
+                first = singles;
+            }
+            for sp in &self.rows[first..] {
+                // A single token takes the one-token MoE; a chunk its own chunk path.
+                let rows = sp.rows.start * h..sp.rows.end * h;
+                let given = match routing {
+                    Routing::Given(g) => Some((g, sp.seq)),
+                    Routing::Router => None,
+                };
+                moe::forward(
+                    &ex,
+                    &layer.mlp,
+                    cfg,
+                    experts,
+                    i,
+                    &normed[rows.clone()],
+                    &mut delta[rows],
+                    &mut self.moe,
+                    given,
+                )?;
+            }
+            add(ex.level, delta, x);
+        }
+        rms_norm_rows(ex.level, x, &model.dense.norm, eps, normed);
+        for s in seqs.iter_mut() {
+            s.state.pos += s.tokens.len();
+        }
+        // The head: the single tokens' logits together, row by row; each chunk's apart.
+        let (v, head) = (cfg.vocab_size, model.dense.lm_head.view());
+        for g in &groups {
+            let first = &self.rows[g.start];
+            if g.start < singles {
+                let n = g.len();
+                if self.logits.len() < n * v {
+                    self.logits.resize(n * v, 0.0);
+                }
+                let xs = &normed[first.rows.start * h..(first.rows.start + n) * h];
+                let out = &mut [(head, &mut self.logits[..n * v])];
+                ex.linears_rowwise(n > 1, xs, n, &mut self.head, out)?;
+                for (j, sp) in self.rows[g.clone()].iter().enumerate() {
+                    let s = &mut seqs[sp.seq];
+                    if s.want != Logits::None {
+                        s.logits.extend_from_slice(&self.logits[j * v..(j + 1) * v]);
+                    }
+                }
+            } else {
+                let s = &mut seqs[first.seq];
+                let rows = match s.want {
+                    Logits::All => first.rows.clone(),
+                    Logits::Last => first.rows.end - 1..first.rows.end,
+                    Logits::None => continue,
+                };
+                let n = rows.len();
+                if self.logits.len() < n * v {
+                    self.logits.resize(n * v, 0.0);
+                }
+                ex.linears(
+                    &normed[rows.start * h..rows.end * h],
+                    n,
+                    &mut self.head,
+                    &mut [(head, &mut self.logits[..n * v])],
+                )?;
+                s.logits.extend_from_slice(&self.logits[..n * v]);
+            }
+        }
+        Ok(())
+    }
+}
