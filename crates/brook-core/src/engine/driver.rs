@@ -205,14 +205,8 @@ impl<'m> Forward<'m> {
                     p.tokens.len(),
                     caps.max_chunk
                 )))
-            } else if p.state.pos.saturating_add(p.tokens.len()) > context {
-                Err(Error::Invalid(format!(
-                    "context full: {} + {} tokens exceed the context of {context} (open with a larger --context)",
-                    p.state.pos,
-                    p.tokens.len(),
-                )))
             } else {
-                check_tokens(p.tokens, vocab)
+                check_feed(p.state, p.tokens, vocab, context)
                     .and_then(|()| self.engine.place(p.state, p.tokens.len()))
             };
         }
@@ -337,14 +331,7 @@ pub fn drive(
     } = call;
     out.clear();
     let caps = engine.caps();
-    check_tokens(tokens, engine.model().cfg.vocab_size)?;
-    if state.pos.saturating_add(tokens.len()) > context {
-        return Err(Error::Invalid(format!(
-            "context full: {} + {} tokens exceed the context of {context} (open with a larger --context)",
-            state.pos,
-            tokens.len(),
-        )));
-    }
+    check_feed(state, tokens, engine.model().cfg.vocab_size, context)?;
     if matches!(routing, Routing::Given(_)) && !caps.given_routes {
         return Err(Error::Invalid(format!(
             "the {} engine cannot replay a routing; use another --backend",
@@ -397,6 +384,20 @@ pub fn drive(
         engine.model().count_step(engine.name());
     }
     Ok(n as u64)
+}
+
+/// The checks every feed passes before an engine sees it: token ids inside the vocabulary,
+/// and room for them within `context`.
+fn check_feed(state: &SeqState, tokens: &[u32], vocab: usize, context: usize) -> Result<()> {
+    check_tokens(tokens, vocab)?;
+    if state.pos.saturating_add(tokens.len()) > context {
+        return Err(Error::Invalid(format!(
+            "context full: {} + {} tokens exceed the context of {context} (open with a larger --context)",
+            state.pos,
+            tokens.len(),
+        )));
+    }
+    Ok(())
 }
 
 /// Given routes seen from a later step of the same call: token `t` of the step is token
