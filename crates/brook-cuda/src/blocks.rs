@@ -58,7 +58,9 @@ impl CudaModel {
             .arg(s.conv.ptr)
             .arg(t as i32)
             .arg(cd)
-            .arg(cfg.linear_conv_kernel_dim as i32);
+            .arg(cfg.linear_conv_kernel_dim as i32)
+            .arg(cd)
+            .arg(0u64);
         g.launch(
             g.k.conv_silu,
             ((cd as u32).div_ceil(128), 1, 1),
@@ -77,7 +79,8 @@ impl CudaModel {
             .arg(cd)
             .arg(nk)
             .arg(nv)
-            .arg(dk);
+            .arg(dk)
+            .arg(nv);
         g.launch(g.k.delta_prep, (t as u32, 1, 1), 256, 0, &mut a)?;
         let rule = DeltaRule {
             conv: s.conv.ptr,
@@ -91,6 +94,8 @@ impl CudaModel {
             nv: nv as usize,
             dk: dk as usize,
             dv: dv as usize,
+            seqs: 0,
+            nseq: 1,
         };
         delta::delta_rule(g, &rule, self.model.delta_mode)?;
         let rows = t as i32 * nv;
@@ -101,7 +106,9 @@ impl CudaModel {
             .arg(s.y.ptr)
             .arg(rows)
             .arg(dv)
-            .arg(cfg.rms_norm_eps);
+            .arg(cfg.rms_norm_eps)
+            .arg(nv)
+            .arg(nv * dv);
         g.launch(
             g.k.gated_norm,
             ((rows as u32).div_ceil(4), 1, 1),
@@ -162,7 +169,9 @@ impl CudaModel {
             .arg(hd)
             .arg(cfg.rotary_dim as i32)
             .arg(gated)
-            .arg(cfg.rms_norm_eps);
+            .arg(cfg.rms_norm_eps)
+            .arg(0i64)
+            .arg(0u64);
         g.launch(
             g.k.attn_prep,
             (t as u32, (nq + nkv) as u32, 1),
@@ -182,7 +191,8 @@ impl CudaModel {
             .arg(nkv)
             .arg(hd)
             .arg(gated)
-            .arg(scale);
+            .arg(scale)
+            .arg(0u64);
         g.launch(
             g.k.attention,
             (t as u32, nq as u32, 1),
@@ -203,12 +213,11 @@ impl CudaModel {
             l.shared_down,
             l.shared_expert_gate,
         );
-        let (e, k, i, is, h) = (
+        let (e, k, i, is) = (
             cfg.num_experts,
             cfg.num_experts_per_tok,
             cfg.moe_intermediate_size,
             cfg.shared_expert_intermediate_size,
-            cfg.hidden_size,
         );
         let (normed, rlog, sel, wts) = (
             self.s.normed.ptr,
@@ -232,6 +241,7 @@ impl CudaModel {
             .map(|g| g.dev.ptr + (layer * t * k * 4) as u64);
         let mut a = Args::new();
         a.arg(rlog)
+            .arg(e as i32)
             .arg(e as i32)
             .arg(k as i32)
             .arg(cfg.norm_topk_prob as i32);
@@ -275,6 +285,7 @@ impl CudaModel {
                 k as i32,
                 [sgate, sup],
                 true,
+                1,
                 normed,
                 hb,
                 sh,
@@ -291,6 +302,8 @@ impl CudaModel {
                 hb,
                 sh,
                 self.s.delta.ptr,
+                1,
+                0,
             );
         }
         self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
@@ -367,15 +380,24 @@ impl CudaModel {
                 )?;
             }
         }
+        self.combine(t, sg, 1)
+    }
+
+    /// delta[t] = Σ_k wts[t, k]·ey[t·k + k] + sigmoid(sg[t·sg_stride])·sout[t] for `t` tokens.
+    pub(crate) fn combine(&self, t: usize, sg: u64, sg_stride: usize) -> Result<()> {
+        let cfg = self.cfg();
+        let (k, h) = (cfg.num_experts_per_tok, cfg.hidden_size);
+        let s = &self.s;
         let mut a = Args::new();
-        a.arg(ey)
-            .arg(wts)
-            .arg(self.s.sout.ptr)
+        a.arg(s.ey.ptr)
+            .arg(s.wts.ptr)
+            .arg(s.sout.ptr)
             .arg(sg)
-            .arg(self.s.delta.ptr)
+            .arg(s.delta.ptr)
             .arg(t as i32)
             .arg(k as i32)
-            .arg(h as i32);
+            .arg(h as i32)
+            .arg(sg_stride as i32);
         let total = (t * h) as u32;
         self.gpu.launch(
             self.gpu.k.moe_combine,

@@ -32,6 +32,12 @@ pub struct DeltaRule {
     pub nv: usize,
     pub dk: usize,
     pub dv: usize,
+    /// Several sequences of one token each (0: one sequence, `state`): a device table of two
+    /// pointers per sequence, the second its state; sequence z's inputs and outputs are
+    /// token z's. Always the recurrent kernel.
+    pub seqs: u64,
+    /// Sequences in `seqs`.
+    pub nseq: usize,
 }
 
 /// Bytes of dynamic shared memory `delta_chunk_*` takes at key width `dk` (the layout of
@@ -60,6 +66,7 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
     let smem = chunk_smem_bytes(p.dk);
     let fits = smem <= g.max_smem as usize;
     let chunked = match mode {
+        _ if p.seqs != 0 => false,
         DeltaMode::Recurrent => false,
         DeltaMode::Auto => p.t > 1 && fits,
         DeltaMode::Chunked if !fits => {
@@ -82,7 +89,8 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
         .arg(p.nv as i32)
         .arg(p.dk as i32)
         .arg(p.dv as i32);
-    let grid = (p.nv as u32, p.dv.div_ceil(COLS) as u32, 1);
+    let nz = if p.seqs != 0 { p.nseq.max(1) } else { 1 };
+    let grid = (p.nv as u32, p.dv.div_ceil(COLS) as u32, nz as u32);
     if chunked {
         let f = match p.dk {
             32 => g.k.delta_chunk_32,
@@ -92,6 +100,7 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
         };
         return g.launch(f, grid, CHUNK_THREADS, smem as u32, &mut a);
     }
+    a.arg(p.seqs);
     let f = match p.dk {
         32 => g.k.delta_rule_32,
         64 => g.k.delta_rule_64,

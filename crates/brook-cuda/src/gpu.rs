@@ -64,6 +64,7 @@ pub struct Kernels {
     pub qmv_swiglu: Kernel,
     pub moe_down: Kernel,
     pub qmv_tc: Kernel,
+    pub qmv_tcn: Kernel,
     pub swiglu_tc: Kernel,
     pub down_tc: Kernel,
     pub qmm: Kernel,
@@ -182,6 +183,7 @@ impl Gpu {
             qmv_swiglu: f("qmv_swiglu")?,
             moe_down: f("moe_down")?,
             qmv_tc: f("qmv_tc")?,
+            qmv_tcn: f("qmv_tcn")?,
             swiglu_tc: f("swiglu_tc")?,
             down_tc: f("down_tc")?,
             qmm: f("qmm")?,
@@ -222,6 +224,7 @@ impl Gpu {
             k.qmv_swiglu,
             k.moe_down,
             k.qmv_tc,
+            k.qmv_tcn,
             k.swiglu_tc,
             k.down_tc,
             k.delta_chunk_32,
@@ -485,6 +488,7 @@ impl KernelArg for i32 {}
 impl KernelArg for u32 {}
 impl KernelArg for f32 {}
 impl KernelArg for u64 {}
+impl KernelArg for i64 {}
 impl KernelArg for crate::weights::Mat {}
 
 impl Args {

@@ -8,6 +8,7 @@
 //! sequence state and the routed experts in GPU memory: all of them when the GPU budget
 //! holds them, else a cache of expert slots filled from the host by asynchronous copies.
 
+mod batch;
 mod blocks;
 mod buffers;
 pub mod delta;

@@ -46,6 +46,9 @@ pub struct CudaOptions {
     /// (a chat's generation prompt, a conversation's next message), against 5 ms a decode
     /// step.
     pub small_chunk: usize,
+    /// Most sequences a step takes (several decoded tokens run as one batched step where
+    /// every expert is resident, batch.rs).
+    pub max_seqs: usize,
 }
 
 impl Default for CudaOptions {
@@ -58,6 +61,7 @@ impl Default for CudaOptions {
             context: 4096,
             graphs: true,
             small_chunk: SMALL_CHUNK,
+            max_seqs: 1,
         }
     }
 }
@@ -76,12 +80,16 @@ pub struct CudaModel {
     out: Vec<f32>,
     /// Host synchronisations so far (for the benchmark's count per token).
     pub syncs: u64,
+    /// Batched steps so far (batch.rs).
+    pub batched_steps: u64,
     /// Replay one-token decode steps as CUDA graphs (when every expert is resident).
     pub graphs: bool,
     /// Logits of the tokens of a small chunk that nobody asked for.
     spare: Vec<f32>,
     /// A replayed routing's experts for the step being run (made on first use).
     pub(crate) given: Option<GivenIds>,
+    /// Buffers of the steps of several sequences (`max_seqs` > 1).
+    pub(crate) batch: Option<crate::batch::BatchBufs>,
     id: u64,
 }
 
@@ -116,23 +124,42 @@ impl CudaModel {
                 cfg.num_experts_per_tok
             )));
         }
+        if opts.max_seqs == 0 || opts.max_seqs > MAX_SEQS {
+            return Err(Error::Invalid(format!(
+                "the CUDA engine takes 1 to {MAX_SEQS} sequences a step, not {}",
+                opts.max_seqs
+            )));
+        }
         let dense = DenseGpu::upload(&gpu, &model)?;
-        let s = Scratch::new(&gpu, &cfg, opts.max_chunk)?;
+        let s = Scratch::new(&gpu, &cfg, opts.max_chunk, opts.max_seqs)?;
         let (mats, slot_bytes) = layouts(&model)?;
         let total = cfg.num_hidden_layers * cfg.num_experts;
         let k = cfg.num_experts_per_tok;
         let nslots = match opts.expert_slots {
             Some(n) => n.clamp(k, total),
             None => {
-                // Keep room for one sequence state of the full context and a little slack.
-                let reserve = DeviceSeq::bytes(&cfg, opts.context) + (64 << 20);
+                // Keep room for a sequence state of the full context per sequence a step
+                // takes, their batch buffers and a little slack.
+                let seqs = opts.max_seqs as u64;
+                let batch = if seqs > 1 {
+                    crate::batch::BatchBufs::bytes(&cfg, opts.max_seqs)
+                } else {
+                    0
+                };
+                let reserve = seqs * DeviceSeq::bytes(&cfg, opts.context) + batch + (64 << 20);
                 let left = gpu.budget.saturating_sub(gpu.used() + reserve);
                 let n = (left / slot_bytes as u64) as usize;
                 if n < k {
                     let need = gpu.used() + reserve + (k * slot_bytes) as u64;
+                    let states = if seqs > 1 {
+                        format!("the states of {seqs} sequences (--parallel)")
+                    } else {
+                        "the state".to_string()
+                    };
                     return Err(Error::Device(format!(
-                        "a GPU memory budget of {} cannot hold the dense core, the state and {k} expert slots; it needs at least {}",
+                        "a GPU memory budget of {} cannot hold the dense core, {states} and {k} expert slots at a context of {}; it needs at least {} (or lower --parallel or --context)",
                         fmt_bytes(gpu.budget),
+                        opts.context,
                         fmt_bytes(need)
                     )));
                 }
@@ -156,7 +183,7 @@ impl CudaModel {
             }
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
-        Ok(CudaModel {
+        let mut m = CudaModel {
             out: Vec::new(),
             model,
             gpu,
@@ -166,11 +193,17 @@ impl CudaModel {
             opts,
             host_in,
             syncs: 0,
+            batched_steps: 0,
             graphs: opts.graphs,
             spare: Vec::new(),
             given: None,
+            batch: None,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
-        })
+        };
+        if opts.max_seqs > 1 {
+            m.batch = Some(crate::batch::BatchBufs::new(&m, opts.max_seqs)?);
+        }
+        Ok(m)
     }
 
     /// Expert cache counters.
@@ -542,8 +575,9 @@ impl Engine for CudaModel {
     fn caps(&self) -> Caps {
         Caps {
             max_chunk: self.opts.max_chunk,
-            max_seqs: 1,
-            max_tokens: self.opts.max_chunk,
+            max_seqs: self.opts.max_seqs,
+            // A prompt's chunk fits beside a decoded token of every other sequence.
+            max_tokens: self.opts.max_chunk + self.opts.max_seqs,
             given_routes: true,
             trace: false,
         }
@@ -570,6 +604,22 @@ impl Engine for CudaModel {
     }
 
     fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        // Decoded tokens of several sequences run as one batched step where the engine can
+        // (every expert resident, the router's own routes); the rest one sequence at a time.
+        let given = matches!(step.routing, Routing::Given(_));
+        let singles = step.seqs.iter().filter(|s| s.tokens.len() == 1).count();
+        if !given && self.batchable(singles) {
+            let mut batch: Vec<&mut brook_core::engine::SeqStep<'_>> = step
+                .seqs
+                .iter_mut()
+                .filter(|s| s.tokens.len() == 1)
+                .collect();
+            self.step_batch(&mut batch)?;
+            for s in step.seqs.iter_mut().filter(|s| s.tokens.len() > 1) {
+                self.step_one(s.state, s.tokens, s.want, s.logits)?;
+            }
+            return Ok(());
+        }
         for (i, s) in step.seqs.iter_mut().enumerate() {
             self.stage_given(step.routing, i, s.tokens.len())?;
             let r = self.step_one(s.state, s.tokens, s.want, s.logits);
@@ -593,6 +643,7 @@ impl Engine for CudaModel {
             misses: c.misses,
             bytes_copied: c.bytes,
             syncs: self.syncs,
+            batched_steps: self.batched_steps,
             hbm_gb_s: 0.0,
             h2d_gb_s: 0.0,
         })
@@ -607,6 +658,9 @@ pub const MAX_CHUNK: usize = 256;
 /// H200 with the 35B) still beat one tile of the prefill kernels (170-220 ms).
 pub const SMALL_CHUNK: usize = 16;
 
+/// Most sequences one step of the CUDA engine takes.
+pub const MAX_SEQS: usize = 64;
+
 /// Options of the CUDA backend from brook's open options.
 ///
 /// `BROOK_CUDA_GRAPHS=0` in the environment turns CUDA graphs off (for profilers that time
@@ -617,6 +671,7 @@ pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
         gpu_memory_budget: o.gpu_memory_budget,
         max_chunk: o.prefill_chunk.clamp(1, MAX_CHUNK),
         context: o.context.max(1),
+        max_seqs: o.max_seqs.clamp(1, MAX_SEQS),
         ..Default::default()
     }
 }

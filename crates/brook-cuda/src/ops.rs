@@ -131,6 +131,7 @@ pub fn qmv(
             xdiv,
             [Mat::NONE; 2],
             false,
+            1,
             x,
             y,
             0,
@@ -173,11 +174,62 @@ pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
     stacked(g, m, 1, 1, x, y)
 }
 
+/// Vectors a block of `qmv_tcn` takes (kernels/tensor.cu `QMV_TCN`).
+const TCN: usize = 8;
+
+/// [`qmv_stacked`] for `nvec` vectors (x[v] and y[v] one after another: `cols` and the
+/// stack's rows apart), each vector's outputs bit for bit those of [`qmv_stacked`] on it
+/// alone: the same kernel family with the same split of each row, the tensor-core kernel
+/// reading each weight tile once for up to eight vectors.
+pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Result<()> {
+    if nvec <= 1 {
+        return stacked(g, m, 1, 1, x, y);
+    }
+    let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
+    let cols = m[0].cols as usize;
+    let sms = g.sms.max(1) as usize;
+    let tc_bytes = tc_smem(cols, 1) + tc_part_bytes(QMV_WARPS);
+    let mut a = Args::new();
+    for m in m {
+        a.arg(m);
+    }
+    if tc_all(g, &m, 16) && tc_bytes <= g.max_smem as usize {
+        // The split of the one-vector launch, whatever the number of vectors.
+        let tiles = rows / 16;
+        let split = tc_split(sms, tiles, 1, cols, QMV_WARPS);
+        // The kernel lays out room for TCN vectors, however many a block has.
+        let groups = nvec.div_ceil(TCN);
+        let n_bytes = tc_smem(cols, TCN) + TCN * tc_part_bytes(QMV_WARPS);
+        if n_bytes <= g.max_smem as usize {
+            let bx = tiles
+                .div_ceil(QMV_WARPS / split)
+                .clamp(1, (sms / groups).max(1)) as u32;
+            a.arg(nvec as i32).arg(split as i32).arg(x).arg(y);
+            let grid = (bx, groups as u32, 1);
+            return g.launch(g.k.qmv_tcn, grid, 256, n_bytes as u32, &mut a);
+        }
+        let bx = tiles
+            .div_ceil(QMV_WARPS / split)
+            .clamp(1, (2 * sms / nvec).max(1)) as u32;
+        a.arg(1i32).arg(split as i32).arg(x).arg(y);
+        return g.launch(g.k.qmv_tc, (bx, nvec as u32, 1), 256, tc_bytes as u32, &mut a);
+    }
+    a.arg(1i32).arg(x).arg(y);
+    let smem = smem_for(g, cols)?;
+    let (rw, _) = geometry(g, rows, 1);
+    let bx = blocks_for(sms, rows, rw as usize, nvec);
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
+}
+
 /// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert
 /// sel[v] (rows of m1 then m2, through the slot table) times x[v / xdiv] into y[v, ·]; with
 /// `shared` rows, the shared expert's [gate; up] times x[0] into `ys`. With `swiglu`, m1
 /// and m2 (and the shared pair) are gate and up projections and the outputs are
 /// silu(gate·x)·(up·x): m1.rows values per vector.
+///
+/// With `swiglu`, `tokens` tokens in one launch: token i's selection (nsel ids), input,
+/// routed outputs and shared output each follow token i − 1's, and each token's values are
+/// bit for bit those of a launch for it alone. Without, `tokens` must be 1.
 #[allow(clippy::too_many_arguments)]
 pub fn qmv_experts(
     g: &Gpu,
@@ -189,6 +241,7 @@ pub fn qmv_experts(
     xdiv: i32,
     shared: [Mat; 2],
     swiglu: bool,
+    tokens: usize,
     x: u64,
     y: u64,
     ys: u64,
@@ -196,6 +249,14 @@ pub fn qmv_experts(
     let srows = (shared[0].rows + shared[1].rows) as usize;
     let rows = ((m1.rows + m2.rows) as usize).max(srows);
     let nvec = nsel + usize::from(srows > 0);
+    let tokens = tokens.max(1);
+    if tokens > 1 && !swiglu {
+        return Err(Error::Invalid(
+            "the experts' plain products take one token a launch".into(),
+        ));
+    }
+    let per = nvec as i32;
+    let ny = (nvec * tokens) as u32;
     let sms = g.sms.max(1) as usize;
     let mut a = Args::new();
     let tc_bytes = tc_smem(m1.cols as usize, 1) + tc_part_bytes(4);
@@ -206,19 +267,19 @@ pub fn qmv_experts(
         let bx = tiles
             .div_ceil(4 / split)
             .clamp(1, (4 * sms / nvec.max(1)).max(1)) as u32;
-        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
+        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32).arg(per);
         a.arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
-        let grid = (bx, nvec as u32, 1);
+        let grid = (bx, ny, 1);
         return g.launch(g.k.swiglu_tc, grid, 128, tc_bytes as u32, &mut a);
     }
     let smem = smem_for(g, m1.cols as usize)?;
     if swiglu {
         // Two gate and two up rows per warp step.
         let bx = blocks_for(sms, m1.rows as usize, 2, nvec);
-        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
+        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32).arg(per);
         a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
-        return g.launch(g.k.qmv_swiglu, (bx, nvec as u32, 1), 256, smem, &mut a);
+        return g.launch(g.k.qmv_swiglu, (bx, ny, 1), 256, smem, &mut a);
     }
     let bx = blocks_for(sms, rows, 1, nvec);
     a.arg(m1)
@@ -249,6 +310,10 @@ pub fn moe_down_fits(down: &Mat, sdown: &Mat, k: usize) -> bool {
 /// of the routed experts' SwiGLU outputs `h` ([k][I]) and the shared expert's `hs`, weighted
 /// by the router and the shared expert's sigmoid gate `sg`, into `out`. Check
 /// [`moe_down_fits`] first.
+///
+/// `tokens` tokens in one launch, each token's selection, weights, inputs and output after
+/// the previous token's and its gate `sg_stride` floats after; each token's output is bit for
+/// bit that of a launch for it alone.
 #[allow(clippy::too_many_arguments)]
 pub fn moe_down(
     g: &Gpu,
@@ -262,17 +327,20 @@ pub fn moe_down(
     h: u64,
     hs: u64,
     out: u64,
+    tokens: usize,
+    sg_stride: usize,
 ) -> Result<()> {
+    let ny = tokens.max(1) as u32;
     let mut a = Args::new();
     a.arg(down).arg(tab).arg(sel).arg(wts).arg(k as i32);
-    a.arg(sdown).arg(sg).arg(h).arg(hs).arg(out);
+    a.arg(sdown).arg(sg).arg(sg_stride as i32).arg(h).arg(hs).arg(out);
     let warps = down_tc_warps(k);
     let tc_bytes =
         tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + warps * 16 * 4;
     if tc_all(g, &[down, sdown], 16) && down.rows == sdown.rows && tc_bytes <= g.max_smem as usize {
         return g.launch(
             g.k.down_tc,
-            ((down.rows / 16) as u32, 1, 1),
+            ((down.rows / 16) as u32, ny, 1),
             (warps * 32) as u32,
             tc_bytes as u32,
             &mut a,
@@ -281,7 +349,7 @@ pub fn moe_down(
     let smem = padded_bytes(k * down.cols as usize + sdown.cols as usize) as u32;
     g.launch(
         g.k.moe_down,
-        ((down.rows as u32).div_ceil(8), 1, 1),
+        ((down.rows as u32).div_ceil(8), ny, 1),
         256,
         smem,
         &mut a,

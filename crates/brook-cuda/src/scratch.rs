@@ -7,7 +7,8 @@ use brook_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 
-/// Scratch for chunks of up to `c` tokens.
+/// Scratch for chunks of up to `c` tokens and steps of up to `seqs` sequences of one token
+/// (batch.rs: their stacked projections keep each token's rows together).
 #[derive(Debug)]
 pub(crate) struct Scratch {
     pub(crate) x: DevBuf,
@@ -53,7 +54,8 @@ pub(crate) struct Scratch {
 }
 
 impl Scratch {
-    pub(crate) fn new(gpu: &Arc<Gpu>, cfg: &ModelConfig, c: usize) -> Result<Scratch> {
+    pub(crate) fn new(gpu: &Arc<Gpu>, cfg: &ModelConfig, c: usize, seqs: usize) -> Result<Scratch> {
+        let c = c.max(seqs);
         let f = |n: usize, what: &str| gpu.alloc(n * 4, what);
         let h = cfg.hidden_size;
         let (nv, dv) = (cfg.linear_num_value_heads, cfg.linear_value_head_dim);
@@ -76,7 +78,10 @@ impl Scratch {
             delta: f(c * h, "activations")?,
             // One-token steps put z, b and a after qkv, k and v after the queries and the
             // shared expert's gate after the router logits (one launch each).
-            qkv: f(c * cd + nv * dv + 2 * nv, "DeltaNet scratch")?,
+            qkv: f(
+                (c * cd + nv * dv + 2 * nv).max(seqs * (cd + nv * dv + 2 * nv)),
+                "DeltaNet scratch",
+            )?,
             conv: f(c * cd, "DeltaNet scratch")?,
             z: f(c * nv * dv, "DeltaNet scratch")?,
             b: f(c * nv + nv, "DeltaNet scratch")?,
@@ -85,13 +90,16 @@ impl Scratch {
             g: f(c * nv, "DeltaNet scratch")?,
             o: f(c * nv * dv, "DeltaNet scratch")?,
             y: f(c * nv * dv, "DeltaNet scratch")?,
-            qg: f(c * nq * hd * 2 + 2 * nkv * hd, "attention scratch")?,
+            qg: f(
+                (c * nq * hd * 2 + 2 * nkv * hd).max(seqs * (2 * nq * hd + 2 * nkv * hd)),
+                "attention scratch",
+            )?,
             k: f(c * nkv * hd, "attention scratch")?,
             v: f(c * nkv * hd, "attention scratch")?,
             q: f(c * nq * hd, "attention scratch")?,
             gate: f(c * nq * hd, "attention scratch")?,
             att: f(c * nq * hd, "attention scratch")?,
-            rlog: f(c * e + 1, "router scratch")?,
+            rlog: f((c * e + 1).max(seqs * (e + 1)), "router scratch")?,
             sel: f(c * k, "router scratch")?,
             wts: f(c * k, "router scratch")?,
             counts: f(e, "router scratch")?,

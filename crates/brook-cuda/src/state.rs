@@ -80,7 +80,7 @@ impl DeviceSeq {
     }
 
     /// Bytes a state of `context` positions takes (for planning).
-    pub(crate) fn bytes(cfg: &ModelConfig, context: usize) -> u64 {
+    pub fn bytes(cfg: &ModelConfig, context: usize) -> u64 {
         let (conv, ssm) = (cfg.conv_state_len(), cfg.ssm_state_len());
         let kv = 2 * context * cfg.num_key_value_heads * cfg.head_dim;
         cfg.layer_types

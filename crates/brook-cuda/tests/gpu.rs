@@ -15,6 +15,9 @@
 #[path = "../../brook-core/tests/common/mod.rs"]
 mod common;
 
+#[path = "gpu/batch.rs"]
+mod batch;
+
 use std::sync::Arc;
 
 use brook_core::cpu::testutil::{Format, Rng, random_linear};
@@ -310,6 +313,35 @@ fn four_matrices_of_mixed_formats_in_one_launch_stack_their_rows() {
     assert!(err < 1e-5, "rel err {err}");
 }
 
+/// Every expert's [gate, up, down] in GPU slots of one layout, as GpuExperts makes them: the
+/// slots, their table (one device pointer per expert) and the three matrices' placements.
+fn expert_slots(
+    g: &Arc<Gpu>,
+    experts: &[[brook_core::linear::Linear; 3]],
+) -> (
+    brook_cuda::gpu::DevBuf,
+    brook_cuda::gpu::DevBuf,
+    [brook_cuda::weights::Placement; 3],
+) {
+    let e = experts.len();
+    let v0 = experts[0].each_ref().map(|l| l.view());
+    let pg = place(&v0[0], 0, "gate").expect("place");
+    let pu = place(&v0[1], pg.end, "up").expect("place");
+    let pd = place(&v0[2], pu.end, "down").expect("place");
+    let slot = pd.end.div_ceil(256) * 256;
+    let mut img = vec![0u8; slot * e];
+    for (n, ex) in experts.iter().enumerate() {
+        let dst = &mut img[n * slot..(n + 1) * slot];
+        for (l, p) in ex.iter().zip([&pg, &pu, &pd]) {
+            copy_into(&l.view(), p, dst);
+        }
+    }
+    let arena = g.upload(&img, "slots").expect("slots");
+    let table: Vec<u64> = (0..e).map(|n| arena.ptr + (n * slot) as u64).collect();
+    let tab = g.upload(&table, "table").expect("table");
+    (arena, tab, [pg, pu, pd])
+}
+
 fn silu(v: f32) -> f32 {
     v / (1.0 + (-v).exp())
 }
@@ -339,22 +371,7 @@ fn one_token_moe_kernels_match_the_reference() {
                 ]
             })
             .collect();
-        // One slot image layout for every expert, as GpuExperts makes.
-        let v0 = experts[0].each_ref().map(|l| l.view());
-        let pg = place(&v0[0], 0, "gate").expect("place");
-        let pu = place(&v0[1], pg.end, "up").expect("place");
-        let pd = place(&v0[2], pu.end, "down").expect("place");
-        let slot = pd.end.div_ceil(256) * 256;
-        let mut img = vec![0u8; slot * e];
-        for (n, ex) in experts.iter().enumerate() {
-            let dst = &mut img[n * slot..(n + 1) * slot];
-            for (l, p) in ex.iter().zip([&pg, &pu, &pd]) {
-                copy_into(&l.view(), p, dst);
-            }
-        }
-        let arena = g.upload(&img, "slots").expect("slots");
-        let table: Vec<u64> = (0..e).map(|n| arena.ptr + (n * slot) as u64).collect();
-        let tab = g.upload(&table, "table").expect("table");
+        let (_arena, tab, [pg, pu, pd]) = expert_slots(&g, &experts);
         let shared = [
             random_linear(&mut rng, is, h, fmt),
             random_linear(&mut rng, is, h, fmt),
@@ -409,6 +426,7 @@ fn one_token_moe_kernels_match_the_reference() {
             k as i32,
             [sm[0], sm[1]],
             false,
+            1,
             xd.ptr,
             gu.ptr,
             sgu.ptr,
@@ -448,6 +466,7 @@ fn one_token_moe_kernels_match_the_reference() {
                 k as i32,
                 [sm[0], sm[1]],
                 true,
+                1,
                 xd.ptr,
                 hd.ptr,
                 hsd.ptr,
@@ -455,6 +474,7 @@ fn one_token_moe_kernels_match_the_reference() {
             .expect("gate/up");
             ops::moe_down(
                 &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr, out.ptr,
+                1, 0,
             )
             .expect("down");
             let got: Vec<f32> = out.read().expect("read");
@@ -561,6 +581,8 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
                     nv,
                     dk,
                     dv,
+                    seqs: 0,
+                    nseq: 1,
                 };
                 delta_rule(&g, &rule, mode).expect("launch");
                 let (o, s): (Vec<f32>, Vec<f32>) = (od.read().expect("o"), sd.read().expect("s"));

@@ -171,6 +171,8 @@ pub struct GpuStats {
     pub bytes_copied: u64,
     /// Host waits on the GPU.
     pub syncs: u64,
+    /// Steps that decoded several sequences' tokens at once (one pass over the weights).
+    pub batched_steps: u64,
     /// Device memory bandwidth (read + write of a device copy), GB/s, where measured.
     pub hbm_gb_s: f64,
     /// Pinned host-to-device copy bandwidth, GB/s, where measured.

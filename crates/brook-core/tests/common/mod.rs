@@ -1,6 +1,7 @@
 //! Helpers shared by the integration tests: fixture paths and reading reference tensors.
 #![allow(dead_code)]
 
+pub mod batch;
 pub mod bounds;
 
 use std::path::PathBuf;

@@ -360,17 +360,22 @@ extern "C" __global__ void __launch_bounds__(256, 2) qmv_sel(Mat m0, Mat m1, con
     }
 }
 
-// qmv_sel's SwiGLU form for one token: vector v < nsel is routed expert sel[v], vector nsel
+// qmv_sel's SwiGLU form for one token (or several: see `per`): vector v < nsel is routed expert sel[v], vector nsel
 // (when the grid has it) the shared expert; h[v, j] = silu(gate[j]·x) · (up[j]·x) for the
 // gate rows g (sg for the shared one) and up rows u (su), into y[v, ·] and ys.
 extern "C" __global__ void __launch_bounds__(256, 3) qmv_swiglu(Mat g, Mat u, const u64* __restrict__ tab,
                                                              const int* __restrict__ sel, int nsel,
-                                                             Mat sg, Mat su,
+                                                             int per, Mat sg, Mat su,
                                                              const float* __restrict__ x,
                                                              float* __restrict__ y,
                                                              float* __restrict__ ys) {
     extern __shared__ float xs[];
-    int v = blockIdx.y;
+    // `per` vectors a token, as swiglu_tc's.
+    int tok = blockIdx.y / per, v = blockIdx.y - tok * per;
+    sel += (long long)tok * nsel;
+    x += (long long)tok * g.cols;
+    y += (long long)tok * nsel * g.rows;
+    ys += (long long)tok * sg.rows;
     if (v < nsel) {
         PDL_SYNC();
         u64 base = tab[sel[v]];
@@ -413,12 +418,20 @@ extern "C" __global__ void __launch_bounds__(256) moe_down(Mat down, const u64* 
                                                            const int* __restrict__ sel,
                                                            const float* __restrict__ wts, int K,
                                                            Mat sdown, const float* __restrict__ sg,
-                                                           const float* __restrict__ h,
+                                                           int sgs, const float* __restrict__ h,
                                                            const float* __restrict__ hsh,
                                                            float* __restrict__ out) {
     extern __shared__ float hs[];   // padded: [K·I] routed, then [IS] shared
     const int VW = 2;
     int I = down.cols, IS = sdown.cols, H = down.rows;
+    // Token blockIdx.y, as down_tc's.
+    int tok = blockIdx.y;
+    sel += (long long)tok * K;
+    wts += (long long)tok * K;
+    sg += (long long)tok * sgs;
+    h += (long long)tok * K * I;
+    hsh += (long long)tok * IS;
+    out += (long long)tok * H;
     int lane = threadIdx.x & 31;
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
     bool on = r < H;

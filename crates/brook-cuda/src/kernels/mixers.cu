@@ -2,35 +2,47 @@
 // chunked rule is in delta.cu) and gated attention.
 
 // Causal depthwise conv with SiLU over [state (K-1 rows); qkv (T rows)], then the state keeps
-// the last K-1 rows. wt is the checkpoint's [cd, K]. One thread per channel.
+// the last K-1 rows. wt is the checkpoint's [cd, K]; qkv's rows are xs floats apart. One
+// thread per channel.
+//
+// Several sequences in one launch (`seqs` non-null; this and the other mixer kernels): block
+// z runs sequence z, whose state buffers seqs[2z], seqs[2z + 1] name (this kernel's is the
+// first), on its token z of the inputs and outputs (one token each, T = 1).
 extern "C" __global__ void conv_silu(const float* __restrict__ qkv, float* __restrict__ state,
                                      const float* __restrict__ wt, float* __restrict__ out,
-                                     int T, int cd, int KK) {
+                                     int T, int cd, int KK, int xs, const u64* __restrict__ seqs) {
     PDL_SYNC();
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= cd) return;
+    if (seqs) {
+        int z = blockIdx.z;
+        state = (float*)seqs[2 * z];
+        qkv += (long long)z * xs;
+        out += (long long)z * cd;
+    }
     int s = KK - 1;
     for (int t = 0; t < T; t++) {
         float acc = 0.0f;
         for (int m = 0; m < KK; m++) {
             int i = t + m;
-            float v = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * cd + c];
+            float v = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * xs + c];
             acc += wt[c * KK + m] * v;
         }
         out[(long long)t * cd + c] = siluf_(acc);
     }
     for (int r = 0; r < s; r++) {
         int i = T + r;
-        state[(long long)r * cd + c] = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * cd + c];
+        state[(long long)r * cd + c] = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * xs + c];
     }
 }
 
 // q and k heads (inside the conv output, in place): q = rms_norm(q)·dk⁻¹, k = rms_norm(k)·dk^-½
-// with ε = 1e-6/dk; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias). One block per token.
+// with ε = 1e-6/dk; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias). One block per token;
+// b's and a's rows are bs floats apart.
 extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __restrict__ b,
                                       const float* __restrict__ a, const float* __restrict__ A_log,
                                       const float* __restrict__ dt_bias, float* __restrict__ beta,
-                                      float* __restrict__ g, int cd, int nk, int nv, int dk) {
+                                      float* __restrict__ g, int cd, int nk, int nv, int dk, int bs) {
     PDL_SYNC();
     int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float inv_scale = 1.0f / sqrtf((float)dk);
@@ -45,9 +57,9 @@ extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __r
         for (int i = lane; i < dk; i += 32) v[i] *= inv;
     }
     for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        int j = t * nv + i;
-        beta[j] = sigmoidf_(b[j]);
-        g[j] = -expf(A_log[i]) * softplusf_(a[j] + dt_bias[i]);
+        int j = t * nv + i, jb = t * bs + i;
+        beta[j] = sigmoidf_(b[jb]);
+        g[j] = -expf(A_log[i]) * softplusf_(a[jb] + dt_bias[i]);
     }
 }
 
@@ -56,8 +68,17 @@ extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __r
 template <int DK>
 __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
                                 const float* __restrict__ beta, float* __restrict__ state,
-                                float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv) {
+                                float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv,
+                                const u64* __restrict__ seqs) {
     PDL_SYNC();
+    if (seqs) {
+        int z = blockIdx.z;
+        state = (float*)seqs[2 * z + 1];
+        conv += (long long)z * cd;
+        g += (long long)z * nv;
+        beta += (long long)z * nv;
+        o += (long long)z * nv * dv;
+    }
     extern __shared__ float sm[];   // q[dk], k[dk]
     float* qs = sm;
     float* ks = sm + dk;
@@ -119,22 +140,24 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
 #define DELTA_RULE(NAME, DK)                                                                    \
     extern "C" __global__ void NAME(const float* conv, const float* g, const float* beta,      \
                                     float* state, float* o, int T, int cd, int nk, int nv,     \
-                                    int dk, int dv) {                                          \
-        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv);                   \
+                                    int dk, int dv, const u64* seqs) {                         \
+        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs);             \
     }
 DELTA_RULE(delta_rule_32, 32)
 DELTA_RULE(delta_rule_64, 64)
 DELTA_RULE(delta_rule_128, 128)
 DELTA_RULE(delta_rule_any, 0)
 
-// y = rms_norm(o; w) · silu(z) per value head, one warp per (token, head).
+// y = rms_norm(o; w) · silu(z) per value head, one warp per (token, head) row r = token·nv +
+// head; z's tokens are zs floats apart.
 extern "C" __global__ void gated_norm(const float* __restrict__ o, const float* __restrict__ z,
                                       const float* __restrict__ w, float* __restrict__ y,
-                                      int rows, int dv, float eps) {
+                                      int rows, int dv, float eps, int nv, int zs) {
     PDL_SYNC();
     int r = blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (r >= rows) return;
     const float* oh = o + (long long)r * dv;
+    z += (long long)(r / nv) * zs + (long long)(r % nv) * dv - (long long)r * dv;
     float ss = 0.0f;
     for (int i = lane; i < dv; i += 32) ss = fmaf(oh[i], oh[i], ss);
     float inv = 1.0f / sqrtf(warp_sum(ss) / (float)dv + eps);
@@ -144,15 +167,29 @@ extern "C" __global__ void gated_norm(const float* __restrict__ o, const float* 
 
 // Attention inputs: q = rope(rms_norm(q)), gate split off, k = rope(rms_norm(k)) and v written
 // into the caches at positions meta[0] + t. Block (t, head): heads nq.. are kv heads. 64
-// threads; the head is staged in shared memory for the rotation.
+// threads; the head is staged in shared memory for the rotation. With `seqs` (see conv_silu:
+// the key and value caches), sequence z's position is meta[z] and its inputs start xs
+// floats after the previous one's.
 extern "C" __global__ void attn_prep(const float* __restrict__ qg, const float* __restrict__ k,
                                      const float* __restrict__ v, const float* __restrict__ qn,
                                      const float* __restrict__ kn, const double* __restrict__ inv_freq,
                                      const int* __restrict__ meta, float* __restrict__ q,
                                      float* __restrict__ gate, float* __restrict__ kc,
                                      float* __restrict__ vc, int nq, int nkv, int hd, int rd,
-                                     int gated, float eps) {
+                                     int gated, float eps, long long xs,
+                                     const u64* __restrict__ seqs) {
     PDL_SYNC();
+    if (seqs) {
+        int z = blockIdx.z;
+        kc = (float*)seqs[2 * z];
+        vc = (float*)seqs[2 * z + 1];
+        meta += z;
+        qg += z * xs;
+        k += z * xs;
+        v += z * xs;
+        q += (long long)z * nq * hd;
+        gate += (long long)z * nq * hd;
+    }
     extern __shared__ float buf[];   // [hd]
     __shared__ float red[32];
     int t = blockIdx.x, head = blockIdx.y, tid = threadIdx.x;
@@ -189,12 +226,24 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qg, const float* 
 }
 
 // Causal attention with GQA over the cache, online softmax in tiles of blockDim positions;
-// output multiplied by sigmoid(gate). Block (t, head), 128 threads, hd ≤ 512.
+// output multiplied by sigmoid(gate). Block (t, head), 128 threads, hd ≤ 512. With `seqs`
+// as attn_prep's.
 extern "C" __global__ void attention(const float* __restrict__ q, const float* __restrict__ gate,
                                      const float* __restrict__ kc, const float* __restrict__ vc,
                                      const int* __restrict__ meta, float* __restrict__ out,
-                                     int nq, int nkv, int hd, int gated, float scale) {
+                                     int nq, int nkv, int hd, int gated, float scale,
+                                     const u64* __restrict__ seqs) {
     PDL_SYNC();
+    if (seqs) {
+        int z = blockIdx.z;
+        kc = (const float*)seqs[2 * z];
+        vc = (const float*)seqs[2 * z + 1];
+        meta += z;
+        long long off = (long long)z * nq * hd;
+        q += off;
+        gate += off;
+        out += off;
+    }
     extern __shared__ float sh[];   // q[hd], p[blockDim]
     __shared__ float red[32];
     float* qs = sh;

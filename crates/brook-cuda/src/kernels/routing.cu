@@ -87,12 +87,13 @@ __device__ __forceinline__ void topk_regs(const float* __restrict__ l, int t, in
     topk_write(t, K, norm, my_id, my_w, sel, wts);
 }
 
-extern "C" __global__ void topk(const float* __restrict__ logits, int E, int K, int norm,
+// Token t's logits start at t·ls.
+extern "C" __global__ void topk(const float* __restrict__ logits, int E, int ls, int K, int norm,
                                 int* __restrict__ sel, float* __restrict__ wts) {
     PDL_SYNC();
     extern __shared__ float p[];   // [E], for E > 512
     int t = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + (long long)t * E;
+    const float* l = logits + (long long)t * ls;
     if (E <= 256) return topk_regs<8>(l, t, E, K, norm, sel, wts);
     if (E <= 512) return topk_regs<16>(l, t, E, K, norm, sel, wts);
     float mx = -INFINITY;
@@ -135,12 +136,12 @@ extern "C" __global__ void topk(const float* __restrict__ logits, int E, int K, 
 // A replayed routing: token t uses the K experts given[t*K..] (a routing trace) instead of
 // its top-k, weighted by the router's probabilities at those ids and renormalised as the
 // top-k is. One warp per token.
-extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, int K, int norm,
-                                      const int* __restrict__ given, int* __restrict__ sel,
-                                      float* __restrict__ wts) {
+extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, int ls, int K,
+                                      int norm, const int* __restrict__ given,
+                                      int* __restrict__ sel, float* __restrict__ wts) {
     PDL_SYNC();
     int t = blockIdx.x, lane = threadIdx.x;
-    const float* l = logits + (long long)t * E;
+    const float* l = logits + (long long)t * ls;
     float mx = -INFINITY;
     for (int i = lane; i < E; i += 32) mx = fmaxf(mx, l[i]);
     mx = warp_max(mx);
@@ -181,15 +182,16 @@ extern "C" __global__ void moe_fill(const int* __restrict__ sel, int n, const in
     pairs[offs[e] + atomicAdd(&fill[e], 1)] = i;
 }
 
-// out[t, j] = Σ_k wts[t,k] · y[t·K + k, j] (in expert-id order) + sigmoid(sg[t]) · shared[t, j].
+// out[t, j] = Σ_k wts[t,k] · y[t·K + k, j] (in expert-id order) + sigmoid(sg[t·sgs]) ·
+// shared[t, j].
 extern "C" __global__ void moe_combine(const float* __restrict__ y, const float* __restrict__ wts,
                                        const float* __restrict__ shared, const float* __restrict__ sg,
-                                       float* __restrict__ out, int T, int K, int H) {
+                                       float* __restrict__ out, int T, int K, int H, int sgs) {
     PDL_SYNC();
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= (long long)T * H) return;
     int t = (int)(idx / H), j = (int)(idx % H);
     float acc = 0.0f;
     for (int k = 0; k < K; k++) acc += wts[t * K + k] * y[((long long)t * K + k) * H + j];
-    out[idx] = acc + sigmoidf_(sg[t]) * shared[idx];
+    out[idx] = acc + sigmoidf_(sg[(long long)t * sgs]) * shared[idx];
 }

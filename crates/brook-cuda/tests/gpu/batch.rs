@@ -1,0 +1,255 @@
+//! Steps of several sequences on the GPU (issue #32): each vector, token and sequence keeps
+//! the bits it gets alone, from the kernels up to whole steps through the driver.
+
+use super::*;
+use brook_core::engine::Forward;
+use common::batch::{CHUNK, assert_same_bits, run};
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+#[test]
+fn dense_products_of_several_vectors_give_each_its_own_bits() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(23);
+    // The first two take the tensor cores (asserted), the others the CUDA cores.
+    let formats = [(4, 64, DType::BF16), (4, 128, DType::F16), (4, 32, DType::BF16), (8, 64, DType::BF16)];
+    for (n, (bits, group, float)) in formats.into_iter().enumerate() {
+        let fmt = Format::Affine { bits, group, float };
+        // A stack of four (as the DeltaNet projections), one tall matrix (a head), one wide
+        // (an output projection: the eight-vector kernel's largest shared memory).
+        let shapes: [&[usize]; 3] = [&[48, 16, 32, 16], &[272], &[64]];
+        for (rows, cols) in shapes.into_iter().zip([1024, 2048, 4096]) {
+            let lins: Vec<_> = rows
+                .iter()
+                .map(|&r| random_linear(&mut rng, r, cols, fmt))
+                .collect();
+            let up: Vec<_> = lins
+                .iter()
+                .map(|l| upload_linear(&g, &l.view(), "m").expect("upload"))
+                .collect();
+            let mut m = [Mat::NONE; 4];
+            for (d, (u, _)) in m.iter_mut().zip(&up) {
+                *d = *u;
+            }
+            assert_eq!(n < 2, m.iter().all(|m| ops::tc_fits(m, 16)), "{fmt:?}");
+            let total: usize = rows.iter().sum();
+            for nvec in [2usize, 3, 8, 9, 16] {
+                let x = rng.vec(nvec * cols, 1.0);
+                let xd = g.upload(&x, "x").expect("x");
+                for tc in [true, false] {
+                    g.use_tensor_cores(tc);
+                    let yd = g.upload(&vec![f32::NAN; nvec * total], "y").expect("y");
+                    ops::qmv_stacked_n(&g, m, nvec, xd.ptr, yd.ptr).expect("launch");
+                    let got: Vec<f32> = yd.read().expect("read");
+                    for v in 0..nvec {
+                        let xv = g.upload(&x[v * cols..(v + 1) * cols], "x").expect("x");
+                        let yv = g.upload(&vec![f32::NAN; total], "y").expect("y");
+                        ops::qmv_stacked(&g, m, xv.ptr, yv.ptr).expect("launch");
+                        let want: Vec<f32> = yv.read().expect("read");
+                        assert!(
+                            same_bits(&got[v * total..(v + 1) * total], &want),
+                            "{fmt:?} rows {rows:?} x {cols}, {nvec} vectors, tc {tc}: vector {v} differs from its own launch"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    g.use_tensor_cores(true);
+}
+
+#[test]
+fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(29);
+    // The first takes the tensor-core kernels, the second the CUDA cores' (asserted).
+    for (tc_shapes, (bits, group, h, i, is, k)) in
+        [(true, (4, 64, 512, 512, 512, 8)), (false, (4, 32, 256, 512, 256, 6))]
+    {
+        let fmt = Format::Affine {
+            bits,
+            group,
+            float: DType::BF16,
+        };
+        let e = 16;
+        let experts: Vec<[_; 3]> = (0..e)
+            .map(|_| {
+                [
+                    random_linear(&mut rng, i, h, fmt),
+                    random_linear(&mut rng, i, h, fmt),
+                    random_linear(&mut rng, h, i, fmt),
+                ]
+            })
+            .collect();
+        let (_arena, tab, [pg, pu, pd]) = expert_slots(&g, &experts);
+        let shared: Vec<_> = [(is, h), (is, h), (h, is)]
+            .iter()
+            .map(|&(r, c)| random_linear(&mut rng, r, c, fmt))
+            .collect();
+        let sup: Vec<_> = shared
+            .iter()
+            .map(|l| upload_linear(&g, &l.view(), "shared").expect("upload"))
+            .collect();
+        let sm: Vec<Mat> = sup.iter().map(|(m, _)| *m).collect();
+        assert_eq!(tc_shapes, ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&pg.mat, 8));
+        assert!(ops::moe_down_fits(&pd.mat, &sm[2], k));
+        let tokens = 3;
+        // Token 1 shares experts with token 0; the gates sit 5 floats apart.
+        let sel: Vec<i32> = (0..tokens as i32)
+            .flat_map(|t| (0..k as i32).map(move |j| (t * 3 + j * 2) % e as i32))
+            .collect();
+        let wts = rng.vec(tokens * k, 1.0);
+        let sgs = 5;
+        let sg = rng.vec(tokens * sgs, 1.0);
+        let x = rng.vec(tokens * h, 1.0);
+        let (xd, seld, wd, sgd) = (
+            g.upload(&x, "x").expect("x"),
+            g.upload(&sel, "sel").expect("sel"),
+            g.upload(&wts, "wts").expect("wts"),
+            g.upload(&sg, "sg").expect("sg"),
+        );
+        for tc in [true, false] {
+            g.use_tensor_cores(tc);
+            let hd = g.zeros(tokens * k * i * 4, "h").expect("h");
+            let hsd = g.zeros(tokens * is * 4, "hs").expect("hs");
+            let out = g.upload(&vec![f32::NAN; tokens * h], "out").expect("out");
+            ops::qmv_experts(
+                &g, pg.mat, pu.mat, tab.ptr, seld.ptr, k, k as i32, [sm[0], sm[1]], true, tokens,
+                xd.ptr, hd.ptr, hsd.ptr,
+            )
+            .expect("gate/up");
+            ops::moe_down(
+                &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr,
+                out.ptr, tokens, sgs,
+            )
+            .expect("down");
+            let got: Vec<f32> = out.read().expect("read");
+            for t in 0..tokens {
+                let one = |b: &brook_cuda::gpu::DevBuf, n: usize| b.ptr + (t * n * 4) as u64;
+                let hd1 = g.zeros(k * i * 4, "h").expect("h");
+                let hs1 = g.zeros(is * 4, "hs").expect("hs");
+                let out1 = g.upload(&vec![f32::NAN; h], "out").expect("out");
+                ops::qmv_experts(
+                    &g, pg.mat, pu.mat, tab.ptr, one(&seld, k), k, k as i32, [sm[0], sm[1]], true,
+                    1, one(&xd, h), hd1.ptr, hs1.ptr,
+                )
+                .expect("gate/up");
+                ops::moe_down(
+                    &g, pd.mat, tab.ptr, one(&seld, k), one(&wd, k), k, sm[2], one(&sgd, sgs),
+                    hd1.ptr, hs1.ptr, out1.ptr, 1, 0,
+                )
+                .expect("down");
+                let want: Vec<f32> = out1.read().expect("read");
+                assert!(
+                    same_bits(&got[t * h..(t + 1) * h], &want),
+                    "{bits}-bit g{group} tc {tc}: token {t} differs from its own launch"
+                );
+            }
+        }
+    }
+    g.use_tensor_cores(true);
+}
+
+/// A CUDA engine for `seqs` sequences a step, chunks of [`CHUNK`].
+fn cuda_seqs(model: &Arc<Model>, seqs: usize) -> CudaModel {
+    CudaModel::new(
+        model.clone(),
+        CudaOptions {
+            max_chunk: CHUNK,
+            context: 64,
+            max_seqs: seqs,
+            ..Default::default()
+        },
+    )
+    .expect("cuda model")
+}
+
+/// Random weights whose every dense matrix and expert takes the tensor-core kernels (widths
+/// of 512, 4-bit groups of 64 with bf16 scales).
+fn tensor_core_model(dir: &std::path::Path) -> Arc<Model> {
+    use brook_core::container::repack::repack;
+    use brook_core::synth::{SynthModel, preset_config};
+    let mut cfg = preset_config("tiny").expect("tiny");
+    let t = &mut cfg["text_config"];
+    for (key, v) in [
+        ("hidden_size", 512),
+        ("linear_num_key_heads", 2),
+        ("linear_num_value_heads", 4),
+        ("linear_key_head_dim", 128),
+        ("linear_value_head_dim", 128),
+        ("num_attention_heads", 4),
+        ("head_dim", 128),
+        ("moe_intermediate_size", 512),
+        ("shared_expert_intermediate_size", 512),
+    ] {
+        t[key] = serde_json::json!(v);
+    }
+    let store = SynthModel::from_config("tiny", cfg, 4, 5).expect("synth");
+    let out = dir.join("c");
+    repack(&store.repack_source(), &out, &mut |_| {}).expect("repack");
+    Arc::new(Model::open(&out).expect("open"))
+}
+
+#[test]
+fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let mut models: Vec<(String, Arc<Model>)> = ["qwen35-q4", "next-q4", "qwen35-mixed", "next-f32"]
+        .iter()
+        .map(|n| (n.to_string(), Arc::new(Model::open(&fixture(n)).expect("open"))))
+        .collect();
+    models.push(("tensor-core shapes".into(), tensor_core_model(dir.path())));
+    for (name, model) in &models {
+        for graphs in [true, false] {
+            let mut cuda = cuda_seqs(model, 4);
+            cuda.graphs = graphs;
+            assert_eq!(brook_core::engine::Engine::caps(&cuda).max_seqs, 4);
+            let mut fw = Forward::new(cuda);
+            eprintln!("{name} graphs {graphs}: alone");
+            let alone = run(&mut fw, false);
+            let steps = fw.stats().steps;
+            eprintln!("{name} graphs {graphs}: together");
+            let together = run(&mut fw, true);
+            assert_same_bits(&alone, &together, &format!("{name} graphs {graphs}"));
+            assert!(fw.stats().steps - steps < steps, "{:?}", fw.stats());
+            let batched = fw.gpu_stats().expect("gpu stats").batched_steps;
+            assert!(batched >= 5, "{name}: {batched} batched steps");
+        }
+        // A one-sequence engine gives the same bits too.
+        let mut fw = Forward::new(cuda_seqs(model, 1));
+        let single = run(&mut fw, false);
+        let mut fw = Forward::new(cuda_seqs(model, 4));
+        let together = run(&mut fw, true);
+        assert_same_bits(&single, &together, &format!("{name} against max_seqs 1"));
+    }
+}
+
+#[test]
+fn too_many_sequences_for_the_gpu_budget_is_a_clear_error() {
+    if gpu().is_none() {
+        return;
+    }
+    let model = Arc::new(Model::open(&fixture("qwen35-q4")).expect("open"));
+    let open = |seqs: usize| {
+        CudaModel::new(
+            model.clone(),
+            CudaOptions {
+                gpu_memory_budget: Some(2 << 30),
+                context: 100_000,
+                max_seqs: seqs,
+                ..Default::default()
+            },
+        )
+    };
+    // One state of 100,000 positions fits in 2 GiB; 64 do not.
+    assert!(brook_cuda::state::DeviceSeq::bytes(&model.cfg, 100_000) < 1 << 30);
+    open(1).expect("one sequence");
+    let e = open(64).expect_err("64 sequences").to_string();
+    assert!(e.contains("64 sequences") && e.contains("--parallel"), "{e}");
+    let e = open(0).expect_err("no sequence").to_string();
+    assert!(e.contains("1 to 64 sequences"), "{e}");
+}
