@@ -34,6 +34,8 @@ pub(crate) struct BatchBufs {
     /// an attention layer's key and value caches.
     table: DevBuf,
     logits: DevBuf,
+    /// The step's logits copied back (page-locked: one copy at the link's speed).
+    host_logits: Pinned,
 }
 
 impl BatchBufs {
@@ -46,6 +48,7 @@ impl BatchBufs {
             metas: m.gpu.alloc(4 * cap, "positions")?,
             table: m.gpu.alloc(16 * layers * cap, "state table")?,
             logits: m.gpu.alloc(4 * cap * cfg.vocab_size, "logits")?,
+            host_logits: Pinned::new(&m.gpu, 4 * cap * cfg.vocab_size)?,
             graphs: (0..=cap).map(|_| None).collect(),
         })
     }
@@ -63,8 +66,55 @@ impl CudaModel {
         n >= 2 && self.batch.is_some() && self.experts.resident
     }
 
+    /// Runs a step's parts of one token and its small chunks (those a sequence alone runs a
+    /// token at a time, [`crate::CudaOptions::small_chunk`]) as rounds of batched steps:
+    /// round r takes token r of every such part that has one, so each token meets the
+    /// kernels it meets alone. Longer chunks run one at a time. `Ok(false)`: nothing ran,
+    /// as fewer than two parts could share a round or not every expert is resident.
+    pub(crate) fn step_rounds(&mut self, seqs: &mut [SeqStep<'_>]) -> Result<bool> {
+        let small = self.opts.small_chunk.max(1);
+        let wise = |s: &SeqStep<'_>| s.tokens.len() <= small;
+        if !self.batchable(seqs.iter().filter(|s| wise(s)).count()) {
+            return Ok(false);
+        }
+        let rounds = seqs.iter().filter(|s| wise(s)).map(|s| s.tokens.len()).max();
+        for r in 0..rounds.unwrap_or(0) {
+            let mut round: Vec<SeqStep<'_>> = seqs
+                .iter_mut()
+                .filter(|s| wise(s) && s.tokens.len() > r)
+                .map(|s| {
+                    let last = r + 1 == s.tokens.len();
+                    let want = match s.want {
+                        Logits::All => Logits::Last,
+                        Logits::Last if last => Logits::Last,
+                        _ => Logits::None,
+                    };
+                    SeqStep {
+                        state: &mut *s.state,
+                        tokens: &s.tokens[r..r + 1],
+                        want,
+                        logits: &mut *s.logits,
+                    }
+                })
+                .collect();
+            if let [one] = &mut round[..] {
+                // Alone in its round: the one-token step (its CUDA graph), the same bits.
+                let want = if one.want == Logits::None { Logits::Last } else { one.want };
+                let mut spare = Vec::new();
+                let out = if one.want == Logits::None { &mut spare } else { &mut *one.logits };
+                self.step_one(one.state, one.tokens, want, out)?;
+            } else {
+                self.step_batch(&mut round)?;
+            }
+        }
+        for s in seqs.iter_mut().filter(|s| !wise(s)) {
+            self.step_one(s.state, s.tokens, s.want, s.logits)?;
+        }
+        Ok(true)
+    }
+
     /// One decoded token for each of `seqs` (states placed on this GPU, one token each).
-    pub(crate) fn step_batch(&mut self, seqs: &mut [&mut SeqStep<'_>]) -> Result<()> {
+    pub(crate) fn step_batch(&mut self, seqs: &mut [SeqStep<'_>]) -> Result<()> {
         let n = seqs.len();
         let cfg = self.model.cfg.clone();
         let (layers, v) = (cfg.num_hidden_layers, cfg.vocab_size);
@@ -117,12 +167,16 @@ impl CudaModel {
             }
             let wanted = seqs.iter().any(|s| s.want != Logits::None);
             if wanted {
-                let at: Vec<usize> = seqs.iter().map(|s| s.logits.len()).collect();
-                let mut all = vec![0.0f32; n * v];
-                self.gpu.copy_out(b.logits.ptr, &mut all)?;
-                for ((s, row), at) in seqs.iter_mut().zip(all.chunks_exact(v)).zip(at) {
+                let bytes = &mut b.host_logits.as_mut_slice()[..4 * n * v];
+                self.gpu.copy_out(b.logits.ptr, bytes)?;
+                // SAFETY: any four bytes are an f32; the pinned buffer is page-aligned (the
+                // prefix is empty, checked below).
+                let (pre, all, _) = unsafe { bytes.align_to::<f32>() };
+                if !pre.is_empty() {
+                    return Err(Error::Device("unaligned page-locked logits".into()));
+                }
+                for (s, row) in seqs.iter_mut().zip(all.chunks_exact(v)) {
                     if s.want != Logits::None {
-                        s.logits.resize(at, 0.0);
                         s.logits.extend_from_slice(row);
                     }
                 }

@@ -74,7 +74,7 @@ pub struct CudaModel {
     pub(crate) dense: DenseGpu,
     pub experts: GpuExperts,
     pub(crate) s: Scratch,
-    opts: CudaOptions,
+    pub(crate) opts: CudaOptions,
     host_in: Pinned,
     /// What the shorthand [`CudaModel::forward`] returns.
     out: Vec<f32>,
@@ -228,7 +228,7 @@ impl CudaModel {
 
     /// One chunk of one sequence, whose state `place` put on this GPU; appends the logits
     /// `want` asks for to `out`.
-    fn step_one(
+    pub(crate) fn step_one(
         &mut self,
         state: &mut SeqState,
         chunk: &[u32],
@@ -604,20 +604,9 @@ impl Engine for CudaModel {
     }
 
     fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
-        // Decoded tokens of several sequences run as one batched step where the engine can
-        // (every expert resident, the router's own routes); the rest one sequence at a time.
-        let given = matches!(step.routing, Routing::Given(_));
-        let singles = step.seqs.iter().filter(|s| s.tokens.len() == 1).count();
-        if !given && self.batchable(singles) {
-            let mut batch: Vec<&mut brook_core::engine::SeqStep<'_>> = step
-                .seqs
-                .iter_mut()
-                .filter(|s| s.tokens.len() == 1)
-                .collect();
-            self.step_batch(&mut batch)?;
-            for s in step.seqs.iter_mut().filter(|s| s.tokens.len() > 1) {
-                self.step_one(s.state, s.tokens, s.want, s.logits)?;
-            }
+        // Decoded tokens and small chunks of several sequences run as batched steps where
+        // the engine can (every expert resident, the router's own routes, batch.rs).
+        if !matches!(step.routing, Routing::Given(_)) && self.step_rounds(step.seqs)? {
             return Ok(());
         }
         for (i, s) in step.seqs.iter_mut().enumerate() {
@@ -654,9 +643,11 @@ impl Engine for CudaModel {
 /// (docs/CUDA.md); a longer `prefill_chunk` runs as chunks of this size.
 pub const MAX_CHUNK: usize = 256;
 
-/// The default [`CudaOptions::small_chunk`]: at 16 tokens the decode steps (about 80 ms on the
-/// H200 with the 35B) still beat one tile of the prefill kernels (170-220 ms).
-pub const SMALL_CHUNK: usize = 16;
+/// The default [`CudaOptions::small_chunk`]: a 32-token chunk as decode steps (about 4 ms a
+/// token replayed from the graph, 5 ms unrecorded: 80 ms for 16 tokens on the H200 with the
+/// 35B) still beats one tile of the prefill kernels (170-220 ms), and beside other sequences
+/// its tokens join their batched steps (batch.rs `step_rounds`).
+pub const SMALL_CHUNK: usize = 32;
 
 /// Most sequences one step of the CUDA engine takes.
 pub const MAX_SEQS: usize = 64;

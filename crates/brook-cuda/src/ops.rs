@@ -262,11 +262,13 @@ pub fn qmv_experts(
     let tc_bytes = tc_smem(m1.cols as usize, 1) + tc_part_bytes(4);
     if swiglu && tc_all(g, &[m1, m2, shared[0], shared[1]], 8) && tc_bytes <= g.max_smem as usize {
         // Tiles of 8 gate and 8 up rows, four warps a block, up to four blocks per SM.
+        // The split of one token's launch (each row's sums in its order); the blocks along
+        // x shared by every token's vectors, so a block takes more tiles per staged input.
         let tiles = (m1.rows as usize).max(shared[0].rows as usize) / 8;
         let split = tc_split(sms, tiles, nvec, m1.cols as usize, 4);
         let bx = tiles
             .div_ceil(4 / split)
-            .clamp(1, (4 * sms / nvec.max(1)).max(1)) as u32;
+            .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;
         a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32).arg(per);
         a.arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
@@ -276,7 +278,7 @@ pub fn qmv_experts(
     let smem = smem_for(g, m1.cols as usize)?;
     if swiglu {
         // Two gate and two up rows per warp step.
-        let bx = blocks_for(sms, m1.rows as usize, 2, nvec);
+        let bx = blocks_for(sms, m1.rows as usize, 2, nvec * tokens);
         a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32).arg(per);
         a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
         return g.launch(g.k.qmv_swiglu, (bx, ny, 1), 256, smem, &mut a);

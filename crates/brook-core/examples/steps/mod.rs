@@ -1,0 +1,62 @@
+//! The timing loop of the examples batch_steps (CPU) and brook-cuda's gpu_steps (CUDA): decode
+//! steps of k sequences together through `Forward::step_parts`, each feeding its argmax.
+
+use std::time::Instant;
+
+use brook_core::Logits;
+use brook_core::engine::{Forward, Part};
+
+/// Times `steps` decode steps of `k` sequences (after two warm-up steps) and prints the
+/// median step time and the aggregate tokens per second. `BROOK_SAME=1`: every sequence
+/// feeds the same tokens, so they route alike and each expert is read once for all (what
+/// sharing the experts is worth).
+pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Result<f64> {
+    let v = fw.engine().model().cfg.vocab_size;
+    let mut states: Vec<_> = (0..k).map(|_| fw.new_state(512)).collect();
+    let mut outs = vec![Vec::new(); k];
+    let same = std::env::var_os("BROOK_SAME").is_some();
+    let mut toks: Vec<u32> = (0..k as u32)
+        .map(|i| if same { 100 } else { 100 + 7 * i })
+        .collect();
+    let mut times = Vec::new();
+    for s in 0..steps + 2 {
+        let t = Instant::now();
+        {
+            let ids: Vec<[u32; 1]> = toks.iter().map(|&t| [t]).collect();
+            let mut parts: Vec<Part<'_>> = states
+                .iter_mut()
+                .zip(&ids)
+                .zip(&mut outs)
+                .map(|((state, id), out)| {
+                    out.clear();
+                    Part {
+                        state,
+                        tokens: id,
+                        want: Logits::Last,
+                        out,
+                        result: Ok(()),
+                    }
+                })
+                .collect();
+            fw.step_parts(&mut parts);
+            for p in parts {
+                p.result?;
+            }
+        }
+        if s >= 2 {
+            times.push(t.elapsed().as_secs_f64());
+        }
+        for (t, o) in toks.iter_mut().zip(&outs) {
+            let best = (0..v).fold(0, |b, i| if o[i] > o[b] { i } else { b });
+            *t = best as u32;
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let med = times[times.len() / 2];
+    println!(
+        "{k} sequences: step {:.1} ms (median of {steps}), aggregate {:.2} tok/s",
+        med * 1e3,
+        k as f64 / med
+    );
+    Ok(med)
+}
