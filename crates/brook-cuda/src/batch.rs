@@ -34,8 +34,6 @@ pub(crate) struct BatchBufs {
     /// an attention layer's key and value caches.
     table: DevBuf,
     logits: DevBuf,
-    /// The step's logits copied back (page-locked: one copy at the link's speed).
-    host_logits: Pinned,
 }
 
 impl BatchBufs {
@@ -48,7 +46,6 @@ impl BatchBufs {
             metas: m.gpu.alloc(4 * cap, "positions")?,
             table: m.gpu.alloc(16 * layers * cap, "state table")?,
             logits: m.gpu.alloc(4 * cap * cfg.vocab_size, "logits")?,
-            host_logits: Pinned::new(&m.gpu, 4 * cap * cfg.vocab_size)?,
             graphs: (0..=cap).map(|_| None).collect(),
         })
     }
@@ -167,14 +164,8 @@ impl CudaModel {
             }
             let wanted = seqs.iter().any(|s| s.want != Logits::None);
             if wanted {
-                let bytes = &mut b.host_logits.as_mut_slice()[..4 * n * v];
-                self.gpu.copy_out(b.logits.ptr, bytes)?;
-                // SAFETY: any four bytes are an f32; the pinned buffer is page-aligned (the
-                // prefix is empty, checked below).
-                let (pre, all, _) = unsafe { bytes.align_to::<f32>() };
-                if !pre.is_empty() {
-                    return Err(Error::Device("unaligned page-locked logits".into()));
-                }
+                let mut all = vec![0.0f32; n * v];
+                self.gpu.copy_out(b.logits.ptr, &mut all)?;
                 for (s, row) in seqs.iter_mut().zip(all.chunks_exact(v)) {
                     if s.want != Logits::None {
                         s.logits.extend_from_slice(row);
