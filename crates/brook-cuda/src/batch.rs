@@ -74,7 +74,11 @@ impl CudaModel {
         if !self.batchable(seqs.iter().filter(|s| wise(s)).count()) {
             return Ok(false);
         }
-        let rounds = seqs.iter().filter(|s| wise(s)).map(|s| s.tokens.len()).max();
+        let rounds = seqs
+            .iter()
+            .filter(|s| wise(s))
+            .map(|s| s.tokens.len())
+            .max();
         for r in 0..rounds.unwrap_or(0) {
             let mut round: Vec<SeqStep<'_>> = seqs
                 .iter_mut()
@@ -96,9 +100,17 @@ impl CudaModel {
                 .collect();
             if let [one] = &mut round[..] {
                 // Alone in its round: the one-token step (its CUDA graph), the same bits.
-                let want = if one.want == Logits::None { Logits::Last } else { one.want };
+                let want = if one.want == Logits::None {
+                    Logits::Last
+                } else {
+                    one.want
+                };
                 let mut spare = Vec::new();
-                let out = if one.want == Logits::None { &mut spare } else { &mut *one.logits };
+                let out = if one.want == Logits::None {
+                    &mut spare
+                } else {
+                    &mut *one.logits
+                };
                 self.step_one(one.state, one.tokens, want, out)?;
             } else {
                 self.step_batch(&mut round)?;
@@ -116,7 +128,9 @@ impl CudaModel {
         let cfg = self.model.cfg.clone();
         let (layers, v) = (cfg.num_hidden_layers, cfg.vocab_size);
         let Some(mut b) = self.batch.take() else {
-            return Err(Error::Invalid("this CUDA engine takes one sequence a step".into()));
+            return Err(Error::Invalid(
+                "this CUDA engine takes one sequence a step".into(),
+            ));
         };
         let r = (|| {
             if n > b.cap {
@@ -197,7 +211,9 @@ impl CudaModel {
             )
         };
         if let Err(e) = begun {
-            tracing::warn!("CUDA graph capture failed to start ({e}); batched steps run unrecorded");
+            tracing::warn!(
+                "CUDA graph capture failed to start ({e}); batched steps run unrecorded"
+            );
             return None;
         }
         let queued = self.enqueue_batch(b, n, layers);
@@ -220,7 +236,9 @@ impl CudaModel {
             Err(e) => {
                 // SAFETY: destroy the graph we own.
                 let _ = unsafe { result::graph::destroy(graph) };
-                tracing::warn!("CUDA graph instantiation failed ({e}); batched steps run unrecorded");
+                tracing::warn!(
+                    "CUDA graph instantiation failed ({e}); batched steps run unrecorded"
+                );
                 None
             }
         }
@@ -239,8 +257,6 @@ impl CudaModel {
                 .copy_in_async(b.table.ptr, h.add(8 * cap), 16 * layers * cap)?;
         }
         self.gpu.overlap_launches(true);
-        let model = self.model.clone();
-        let cfg = &model.cfg;
         let s = &self.s;
         let g = &self.gpu;
         let mut a = Args::new();
@@ -252,153 +268,177 @@ impl CudaModel {
             let tab = b.table.ptr + (16 * i * cap) as u64;
             let d = if i == 0 { 0 } else { delta };
             self.norm(x, d, l.input_norm.ptr, normed, n)?;
-            match &l.mixer {
-                MixerGpu::Delta {
-                    qkv,
-                    z,
-                    b: bm,
-                    a: am,
-                    out,
-                    conv_w,
-                    a_log,
-                    dt_bias,
-                    norm,
-                } => {
-                    let (nk, nv, dk, dv) = (
-                        cfg.linear_num_key_heads,
-                        cfg.linear_num_value_heads,
-                        cfg.linear_key_head_dim,
-                        cfg.linear_value_head_dim,
-                    );
-                    let cd = cfg.conv_dim();
-                    // Each token's [qkv; z; b; a] row, `stride` floats apart.
-                    let stride = (qkv.rows + z.rows + bm.rows + am.rows) as usize;
-                    ops::qmv_stacked_n(g, [*qkv, *z, *bm, *am], n, normed, s.qkv.ptr)?;
-                    let zp = s.qkv.ptr + (cd * 4) as u64;
-                    let bp = zp + (z.rows as u64) * 4;
-                    let ap = bp + (bm.rows as u64) * 4;
-                    let mut a = Args::new();
-                    a.arg(s.qkv.ptr)
-                        .arg(0u64)
-                        .arg(conv_w.ptr)
-                        .arg(s.conv.ptr)
-                        .arg(1i32)
-                        .arg(cd as i32)
-                        .arg(cfg.linear_conv_kernel_dim as i32)
-                        .arg(stride as i32)
-                        .arg(tab);
-                    let grid = ((cd as u32).div_ceil(128), 1, n as u32);
-                    g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
-                    let mut a = Args::new();
-                    a.arg(s.conv.ptr)
-                        .arg(bp)
-                        .arg(ap)
-                        .arg(a_log.ptr)
-                        .arg(dt_bias.ptr)
-                        .arg(s.beta.ptr)
-                        .arg(s.g.ptr)
-                        .arg(cd as i32)
-                        .arg(nk as i32)
-                        .arg(nv as i32)
-                        .arg(dk as i32)
-                        .arg(stride as i32);
-                    g.launch(g.k.delta_prep, (n as u32, 1, 1), 256, 0, &mut a)?;
-                    let rule = DeltaRule {
-                        conv: s.conv.ptr,
-                        g: s.g.ptr,
-                        beta: s.beta.ptr,
-                        state: 0,
-                        o: s.o.ptr,
-                        t: 1,
-                        cd,
-                        nk,
-                        nv,
-                        dk,
-                        dv,
-                        seqs: tab,
-                        nseq: n,
-                    };
-                    delta::delta_rule(g, &rule, model.delta_mode)?;
-                    let rows = (n * nv) as i32;
-                    let mut a = Args::new();
-                    a.arg(s.o.ptr)
-                        .arg(zp)
-                        .arg(norm.ptr)
-                        .arg(s.y.ptr)
-                        .arg(rows)
-                        .arg(dv as i32)
-                        .arg(cfg.rms_norm_eps)
-                        .arg(nv as i32)
-                        .arg(stride as i32);
-                    let grid = ((rows as u32).div_ceil(4), 1, 1);
-                    g.launch(g.k.gated_norm, grid, 128, 0, &mut a)?;
-                    ops::qmv_stacked_n(g, [*out, Mat::NONE, Mat::NONE, Mat::NONE], n, s.y.ptr, delta)?;
-                }
-                MixerGpu::Attn {
-                    q,
-                    k,
-                    v,
-                    o,
-                    q_norm,
-                    k_norm,
-                } => {
-                    let (nq, nkv, hd) = (
-                        cfg.num_attention_heads as i32,
-                        cfg.num_key_value_heads as i32,
-                        cfg.head_dim as i32,
-                    );
-                    let stride = (q.rows + k.rows + v.rows) as i64;
-                    ops::qmv_stacked_n(g, [*q, *k, *v, Mat::NONE], n, normed, s.qg.ptr)?;
-                    let kp = s.qg.ptr + (q.rows as u64) * 4;
-                    let vp = kp + (k.rows as u64) * 4;
-                    let gated = cfg.attn_output_gate as i32;
-                    let mut a = Args::new();
-                    a.arg(s.qg.ptr)
-                        .arg(kp)
-                        .arg(vp)
-                        .arg(q_norm.ptr)
-                        .arg(k_norm.ptr)
-                        .arg(s.inv_freq.ptr)
-                        .arg(b.metas.ptr)
-                        .arg(s.q.ptr)
-                        .arg(s.gate.ptr)
-                        .arg(0u64)
-                        .arg(0u64)
-                        .arg(nq)
-                        .arg(nkv)
-                        .arg(hd)
-                        .arg(cfg.rotary_dim as i32)
-                        .arg(gated)
-                        .arg(cfg.rms_norm_eps)
-                        .arg(stride)
-                        .arg(tab);
-                    let grid = (1, (nq + nkv) as u32, n as u32);
-                    g.launch(g.k.attn_prep, grid, 64, (hd * 4) as u32, &mut a)?;
-                    let scale = 1.0f32 / (hd as f32).sqrt();
-                    let mut a = Args::new();
-                    a.arg(s.q.ptr)
-                        .arg(s.gate.ptr)
-                        .arg(0u64)
-                        .arg(0u64)
-                        .arg(b.metas.ptr)
-                        .arg(s.att.ptr)
-                        .arg(nq)
-                        .arg(nkv)
-                        .arg(hd)
-                        .arg(gated)
-                        .arg(scale)
-                        .arg(tab);
-                    let smem = ((hd + 128) * 4) as u32;
-                    g.launch(g.k.attention, (1, nq as u32, n as u32), 128, smem, &mut a)?;
-                    ops::qmv_stacked_n(g, [*o, Mat::NONE, Mat::NONE, Mat::NONE], n, s.att.ptr, delta)?;
-                }
-            }
+            self.mixer_batch(&l.mixer, b, n, tab)?;
             self.norm(x, delta, l.post_norm.ptr, normed, n)?;
             self.moe_batch(i, n)?;
         }
         self.norm(x, delta, self.dense.norm.ptr, normed, n)?;
         let head = [self.dense.head, Mat::NONE, Mat::NONE, Mat::NONE];
         ops::qmv_stacked_n(g, head, n, normed, b.logits.ptr)
+    }
+
+    /// Layer mixer for `n` sequences of one token, each on its own state (`tab`: this
+    /// layer's rows of the state table), reading `normed` and writing `delta`.
+    fn mixer_batch(&self, mixer: &MixerGpu, b: &BatchBufs, n: usize, tab: u64) -> Result<()> {
+        let model = self.model.clone();
+        let cfg = &model.cfg;
+        let s = &self.s;
+        let g = &self.gpu;
+        let (normed, delta) = (s.normed.ptr, s.delta.ptr);
+        match mixer {
+            MixerGpu::Delta {
+                qkv,
+                z,
+                b: bm,
+                a: am,
+                out,
+                conv_w,
+                a_log,
+                dt_bias,
+                norm,
+            } => {
+                let (nk, nv, dk, dv) = (
+                    cfg.linear_num_key_heads,
+                    cfg.linear_num_value_heads,
+                    cfg.linear_key_head_dim,
+                    cfg.linear_value_head_dim,
+                );
+                let cd = cfg.conv_dim();
+                // Each token's [qkv; z; b; a] row, `stride` floats apart.
+                let stride = (qkv.rows + z.rows + bm.rows + am.rows) as usize;
+                ops::qmv_stacked_n(g, [*qkv, *z, *bm, *am], n, normed, s.qkv.ptr)?;
+                let zp = s.qkv.ptr + (cd * 4) as u64;
+                let bp = zp + (z.rows as u64) * 4;
+                let ap = bp + (bm.rows as u64) * 4;
+                let mut a = Args::new();
+                a.arg(s.qkv.ptr)
+                    .arg(0u64)
+                    .arg(conv_w.ptr)
+                    .arg(s.conv.ptr)
+                    .arg(1i32)
+                    .arg(cd as i32)
+                    .arg(cfg.linear_conv_kernel_dim as i32)
+                    .arg(stride as i32)
+                    .arg(tab);
+                let grid = ((cd as u32).div_ceil(128), 1, n as u32);
+                g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
+                let mut a = Args::new();
+                a.arg(s.conv.ptr)
+                    .arg(bp)
+                    .arg(ap)
+                    .arg(a_log.ptr)
+                    .arg(dt_bias.ptr)
+                    .arg(s.beta.ptr)
+                    .arg(s.g.ptr)
+                    .arg(cd as i32)
+                    .arg(nk as i32)
+                    .arg(nv as i32)
+                    .arg(dk as i32)
+                    .arg(stride as i32);
+                g.launch(g.k.delta_prep, (n as u32, 1, 1), 256, 0, &mut a)?;
+                let rule = DeltaRule {
+                    conv: s.conv.ptr,
+                    g: s.g.ptr,
+                    beta: s.beta.ptr,
+                    state: 0,
+                    o: s.o.ptr,
+                    t: 1,
+                    cd,
+                    nk,
+                    nv,
+                    dk,
+                    dv,
+                    seqs: tab,
+                    nseq: n,
+                };
+                delta::delta_rule(g, &rule, model.delta_mode)?;
+                let rows = (n * nv) as i32;
+                let mut a = Args::new();
+                a.arg(s.o.ptr)
+                    .arg(zp)
+                    .arg(norm.ptr)
+                    .arg(s.y.ptr)
+                    .arg(rows)
+                    .arg(dv as i32)
+                    .arg(cfg.rms_norm_eps)
+                    .arg(nv as i32)
+                    .arg(stride as i32);
+                let grid = ((rows as u32).div_ceil(4), 1, 1);
+                g.launch(g.k.gated_norm, grid, 128, 0, &mut a)?;
+                ops::qmv_stacked_n(
+                    g,
+                    [*out, Mat::NONE, Mat::NONE, Mat::NONE],
+                    n,
+                    s.y.ptr,
+                    delta,
+                )?;
+            }
+            MixerGpu::Attn {
+                q,
+                k,
+                v,
+                o,
+                q_norm,
+                k_norm,
+            } => {
+                let (nq, nkv, hd) = (
+                    cfg.num_attention_heads as i32,
+                    cfg.num_key_value_heads as i32,
+                    cfg.head_dim as i32,
+                );
+                let stride = (q.rows + k.rows + v.rows) as i64;
+                ops::qmv_stacked_n(g, [*q, *k, *v, Mat::NONE], n, normed, s.qg.ptr)?;
+                let kp = s.qg.ptr + (q.rows as u64) * 4;
+                let vp = kp + (k.rows as u64) * 4;
+                let gated = cfg.attn_output_gate as i32;
+                let mut a = Args::new();
+                a.arg(s.qg.ptr)
+                    .arg(kp)
+                    .arg(vp)
+                    .arg(q_norm.ptr)
+                    .arg(k_norm.ptr)
+                    .arg(s.inv_freq.ptr)
+                    .arg(b.metas.ptr)
+                    .arg(s.q.ptr)
+                    .arg(s.gate.ptr)
+                    .arg(0u64)
+                    .arg(0u64)
+                    .arg(nq)
+                    .arg(nkv)
+                    .arg(hd)
+                    .arg(cfg.rotary_dim as i32)
+                    .arg(gated)
+                    .arg(cfg.rms_norm_eps)
+                    .arg(stride)
+                    .arg(tab);
+                let grid = (1, (nq + nkv) as u32, n as u32);
+                g.launch(g.k.attn_prep, grid, 64, (hd * 4) as u32, &mut a)?;
+                let scale = 1.0f32 / (hd as f32).sqrt();
+                let mut a = Args::new();
+                a.arg(s.q.ptr)
+                    .arg(s.gate.ptr)
+                    .arg(0u64)
+                    .arg(0u64)
+                    .arg(b.metas.ptr)
+                    .arg(s.att.ptr)
+                    .arg(nq)
+                    .arg(nkv)
+                    .arg(hd)
+                    .arg(gated)
+                    .arg(scale)
+                    .arg(tab);
+                let smem = ((hd + 128) * 4) as u32;
+                g.launch(g.k.attention, (1, nq as u32, n as u32), 128, smem, &mut a)?;
+                ops::qmv_stacked_n(
+                    g,
+                    [*o, Mat::NONE, Mat::NONE, Mat::NONE],
+                    n,
+                    s.att.ptr,
+                    delta,
+                )?;
+            }
+        }
+        Ok(())
     }
 
     /// The MoE block of `layer` for `n` tokens, each as the one-token path runs it (blocks.rs
@@ -436,9 +476,29 @@ impl CudaModel {
             ops::qmv_stacked_n(g, sdown, n, s.sh.ptr, s.sout.ptr)?;
             // Vector j of token t is its expert sel[t·k + j] on x[t].
             let nk = n * k;
-            ops::qmv(g, m.gate, m.up, tab, s.sel.ptr, k as i32, nk, s.normed.ptr, s.gu.ptr)?;
+            ops::qmv(
+                g,
+                m.gate,
+                m.up,
+                tab,
+                s.sel.ptr,
+                k as i32,
+                nk,
+                s.normed.ptr,
+                s.gu.ptr,
+            )?;
             self.swiglu(s.gu.ptr, s.h.ptr, nk, i)?;
-            ops::qmv(g, m.down, Mat::NONE, tab, s.sel.ptr, 1, nk, s.h.ptr, s.ey.ptr)?;
+            ops::qmv(
+                g,
+                m.down,
+                Mat::NONE,
+                tab,
+                s.sel.ptr,
+                1,
+                nk,
+                s.h.ptr,
+                s.ey.ptr,
+            )?;
             return self.combine(n, sg, e + 1);
         }
         ops::qmv_experts(

@@ -22,6 +22,7 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/common.cu"),
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/tensor.cu"),
+    include_str!("kernels/tensor_n.cu"),
     include_str!("kernels/matmul.cu"),
     include_str!("kernels/routing.cu"),
     include_str!("kernels/mixers.cu"),

@@ -13,6 +13,7 @@ mod blocks;
 mod buffers;
 pub mod delta;
 pub mod experts;
+mod given;
 pub mod gpu;
 pub mod model;
 mod nvrtc;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use brook_core::config::ModelConfig;
 use brook_core::engine::driver::drive_own;
-use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step, check_given};
+use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step};
 use brook_core::experts::budget::fmt_bytes;
 use brook_core::model::open::OpenOptions;
 use brook_core::model::state::SeqState;
@@ -19,7 +19,7 @@ use brook_core::model::{Logits, Model};
 use brook_core::{Error, Result};
 
 use crate::experts::{GpuCacheStats, GpuExperts, layouts};
-use crate::gpu::{Args, DevBuf, Gpu, Pinned};
+use crate::gpu::{Args, Gpu, Pinned};
 use crate::ops;
 use crate::scratch::Scratch;
 use crate::state::{DevLayer, DeviceSeq, Graph};
@@ -87,23 +87,10 @@ pub struct CudaModel {
     /// Logits of the tokens of a small chunk that nobody asked for.
     spare: Vec<f32>,
     /// A replayed routing's experts for the step being run (made on first use).
-    pub(crate) given: Option<GivenIds>,
+    pub(crate) given: Option<crate::given::GivenIds>,
     /// Buffers of the steps of several sequences (`max_seqs` > 1).
     pub(crate) batch: Option<crate::batch::BatchBufs>,
     id: u64,
-}
-
-/// The experts a step was given ([`Routing::Given`]), [layer][token][k], on the host and on
-/// the GPU.
-#[derive(Debug)]
-pub(crate) struct GivenIds {
-    /// The step in flight has given routes.
-    pub(crate) on: bool,
-    /// Tokens of the step in flight.
-    pub(crate) tokens: usize,
-    pub(crate) ids: Vec<i32>,
-    host: Pinned,
-    pub(crate) dev: DevBuf,
 }
 
 static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -344,67 +331,6 @@ impl CudaModel {
             0,
             &mut a,
         )
-    }
-
-    /// Puts sequence `seq`'s given experts of a `t`-token step on the GPU ([layer][token][k])
-    /// when `routing` gives them; a step's tokens are all given or none.
-    fn stage_given(&mut self, routing: Routing<'_>, seq: usize, t: usize) -> Result<()> {
-        let Routing::Given(g) = routing else {
-            return Ok(());
-        };
-        let cfg = self.model.cfg.clone();
-        let (layers, k, e) = (
-            cfg.num_hidden_layers,
-            cfg.num_experts_per_tok,
-            cfg.num_experts,
-        );
-        if self.given.is_none() {
-            let n = layers * self.opts.max_chunk * k;
-            self.given = Some(GivenIds {
-                on: false,
-                tokens: 0,
-                ids: Vec::with_capacity(n),
-                host: Pinned::new(&self.gpu, n * 4)?,
-                dev: self.gpu.alloc(n * 4, "given routes")?,
-            });
-        }
-        let given = self.given.as_mut().expect("made above");
-        given.ids.clear();
-        let mut mixed = false;
-        for layer in 0..layers {
-            for tok in 0..t {
-                match g.experts(seq, tok, layer) {
-                    Some(ids) => {
-                        check_given(ids, k, e, layer)?;
-                        given.ids.extend(ids.iter().map(|&x| x as i32));
-                    }
-                    None => mixed = true,
-                }
-            }
-        }
-        if given.ids.is_empty() {
-            return Ok(());
-        }
-        if mixed {
-            return Err(Error::Invalid(
-                "the cuda engine replays a routing for every token of a step or for none".into(),
-            ));
-        }
-        let bytes = given.ids.len() * 4;
-        for (d, x) in given.host.as_mut_slice()[..bytes]
-            .chunks_exact_mut(4)
-            .zip(&given.ids)
-        {
-            d.copy_from_slice(&x.to_le_bytes());
-        }
-        // SAFETY: pinned memory untouched until the next step, which follows this step's
-        // final synchronisation; the device buffer holds max_chunk tokens' ids.
-        unsafe {
-            self.gpu
-                .copy_in_async(given.dev.ptr, given.host.ptr(), bytes)?;
-        }
-        (given.on, given.tokens) = (true, t);
-        Ok(())
     }
 
     /// Writes the tokens and the start position into pinned memory (the previous call ended

@@ -212,7 +212,13 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec).max(1)) as u32;
         a.arg(1i32).arg(split as i32).arg(x).arg(y);
-        return g.launch(g.k.qmv_tc, (bx, nvec as u32, 1), 256, tc_bytes as u32, &mut a);
+        return g.launch(
+            g.k.qmv_tc,
+            (bx, nvec as u32, 1),
+            256,
+            tc_bytes as u32,
+            &mut a,
+        );
     }
     a.arg(1i32).arg(x).arg(y);
     let smem = smem_for(g, cols)?;
@@ -269,7 +275,12 @@ pub fn qmv_experts(
         let bx = tiles
             .div_ceil(4 / split)
             .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;
-        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32).arg(per);
+        a.arg(m1)
+            .arg(m2)
+            .arg(tab)
+            .arg(sel)
+            .arg(nsel as i32)
+            .arg(per);
         a.arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
         let grid = (bx, ny, 1);
@@ -279,7 +290,12 @@ pub fn qmv_experts(
     if swiglu {
         // Two gate and two up rows per warp step.
         let bx = blocks_for(sms, m1.rows as usize, 2, nvec * tokens);
-        a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32).arg(per);
+        a.arg(m1)
+            .arg(m2)
+            .arg(tab)
+            .arg(sel)
+            .arg(nsel as i32)
+            .arg(per);
         a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
         return g.launch(g.k.qmv_swiglu, (bx, ny, 1), 256, smem, &mut a);
     }
@@ -335,7 +351,12 @@ pub fn moe_down(
     let ny = tokens.max(1) as u32;
     let mut a = Args::new();
     a.arg(down).arg(tab).arg(sel).arg(wts).arg(k as i32);
-    a.arg(sdown).arg(sg).arg(sg_stride as i32).arg(h).arg(hs).arg(out);
+    a.arg(sdown)
+        .arg(sg)
+        .arg(sg_stride as i32)
+        .arg(h)
+        .arg(hs)
+        .arg(out);
     let warps = down_tc_warps(k);
     let tc_bytes =
         tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + warps * 16 * 4;

@@ -361,7 +361,7 @@ fn one_token_moe_kernels_match_the_reference() {
         (4, 128, DType::F16, 1024, 512, 1024, 10),
     ] {
         let fmt = Format::Affine { bits, group, float };
-        let e = 16;
+        let e: usize = 16;
         let experts: Vec<[_; 3]> = (0..e)
             .map(|_| {
                 [

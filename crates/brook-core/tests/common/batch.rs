@@ -149,4 +149,3 @@ pub fn assert_same_bits(alone: &[Vec<Vec<f32>>], together: &[Vec<Vec<f32>>], wha
         }
     }
 }
-

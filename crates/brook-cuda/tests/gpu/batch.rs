@@ -14,7 +14,12 @@ fn dense_products_of_several_vectors_give_each_its_own_bits() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(23);
     // The first two take the tensor cores (asserted), the others the CUDA cores.
-    let formats = [(4, 64, DType::BF16), (4, 128, DType::F16), (4, 32, DType::BF16), (8, 64, DType::BF16)];
+    let formats = [
+        (4, 64, DType::BF16),
+        (4, 128, DType::F16),
+        (4, 32, DType::BF16),
+        (8, 64, DType::BF16),
+    ];
     for (n, (bits, group, float)) in formats.into_iter().enumerate() {
         let fmt = Format::Affine { bits, group, float };
         // A stack of four (as the DeltaNet projections), one tall matrix (a head), one wide
@@ -65,15 +70,16 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(29);
     // The first takes the tensor-core kernels, the second the CUDA cores' (asserted).
-    for (tc_shapes, (bits, group, h, i, is, k)) in
-        [(true, (4, 64, 512, 512, 512, 8)), (false, (4, 32, 256, 512, 256, 6))]
-    {
+    for (tc_shapes, (bits, group, h, i, is, k)) in [
+        (true, (4, 64, 512, 512, 512, 8)),
+        (false, (4, 32, 256, 512, 256, 6)),
+    ] {
         let fmt = Format::Affine {
             bits,
             group,
             float: DType::BF16,
         };
-        let e = 16;
+        let e: usize = 16;
         let experts: Vec<[_; 3]> = (0..e)
             .map(|_| {
                 [
@@ -93,7 +99,10 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             .map(|l| upload_linear(&g, &l.view(), "shared").expect("upload"))
             .collect();
         let sm: Vec<Mat> = sup.iter().map(|(m, _)| *m).collect();
-        assert_eq!(tc_shapes, ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&pg.mat, 8));
+        assert_eq!(
+            tc_shapes,
+            ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&pg.mat, 8)
+        );
         assert!(ops::moe_down_fits(&pd.mat, &sm[2], k));
         let tokens = 3;
         // Token 1 shares experts with token 0; the gates sit 5 floats apart.
@@ -116,13 +125,24 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             let hsd = g.zeros(tokens * is * 4, "hs").expect("hs");
             let out = g.upload(&vec![f32::NAN; tokens * h], "out").expect("out");
             ops::qmv_experts(
-                &g, pg.mat, pu.mat, tab.ptr, seld.ptr, k, k as i32, [sm[0], sm[1]], true, tokens,
-                xd.ptr, hd.ptr, hsd.ptr,
+                &g,
+                pg.mat,
+                pu.mat,
+                tab.ptr,
+                seld.ptr,
+                k,
+                k as i32,
+                [sm[0], sm[1]],
+                true,
+                tokens,
+                xd.ptr,
+                hd.ptr,
+                hsd.ptr,
             )
             .expect("gate/up");
             ops::moe_down(
-                &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr,
-                out.ptr, tokens, sgs,
+                &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr, out.ptr,
+                tokens, sgs,
             )
             .expect("down");
             let got: Vec<f32> = out.read().expect("read");
@@ -132,13 +152,35 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
                 let hs1 = g.zeros(is * 4, "hs").expect("hs");
                 let out1 = g.upload(&vec![f32::NAN; h], "out").expect("out");
                 ops::qmv_experts(
-                    &g, pg.mat, pu.mat, tab.ptr, one(&seld, k), k, k as i32, [sm[0], sm[1]], true,
-                    1, one(&xd, h), hd1.ptr, hs1.ptr,
+                    &g,
+                    pg.mat,
+                    pu.mat,
+                    tab.ptr,
+                    one(&seld, k),
+                    k,
+                    k as i32,
+                    [sm[0], sm[1]],
+                    true,
+                    1,
+                    one(&xd, h),
+                    hd1.ptr,
+                    hs1.ptr,
                 )
                 .expect("gate/up");
                 ops::moe_down(
-                    &g, pd.mat, tab.ptr, one(&seld, k), one(&wd, k), k, sm[2], one(&sgd, sgs),
-                    hd1.ptr, hs1.ptr, out1.ptr, 1, 0,
+                    &g,
+                    pd.mat,
+                    tab.ptr,
+                    one(&seld, k),
+                    one(&wd, k),
+                    k,
+                    sm[2],
+                    one(&sgd, sgs),
+                    hd1.ptr,
+                    hs1.ptr,
+                    out1.ptr,
+                    1,
+                    0,
                 )
                 .expect("down");
                 let want: Vec<f32> = out1.read().expect("read");
@@ -198,10 +240,16 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         return;
     }
     let dir = tempfile::tempdir().expect("tmp");
-    let mut models: Vec<(String, Arc<Model>)> = ["qwen35-q4", "next-q4", "qwen35-mixed", "next-f32"]
-        .iter()
-        .map(|n| (n.to_string(), Arc::new(Model::open(&fixture(n)).expect("open"))))
-        .collect();
+    let mut models: Vec<(String, Arc<Model>)> =
+        ["qwen35-q4", "next-q4", "qwen35-mixed", "next-f32"]
+            .iter()
+            .map(|n| {
+                (
+                    n.to_string(),
+                    Arc::new(Model::open(&fixture(n)).expect("open")),
+                )
+            })
+            .collect();
     models.push(("tensor-core shapes".into(), tensor_core_model(dir.path())));
     for (name, model) in &models {
         for graphs in [true, false] {
@@ -249,7 +297,10 @@ fn too_many_sequences_for_the_gpu_budget_is_a_clear_error() {
     assert!(brook_cuda::state::DeviceSeq::bytes(&model.cfg, 100_000) < 1 << 30);
     open(1).expect("one sequence");
     let e = open(64).expect_err("64 sequences").to_string();
-    assert!(e.contains("64 sequences") && e.contains("--parallel"), "{e}");
+    assert!(
+        e.contains("64 sequences") && e.contains("--parallel"),
+        "{e}"
+    );
     let e = open(0).expect_err("no sequence").to_string();
     assert!(e.contains("1 to 64 sequences"), "{e}");
 }
