@@ -83,7 +83,19 @@ impl CpuModel<'_> {
             .chain((singles..self.rows.len()).map(|i| i..i + 1))
             .collect();
         let eps = cfg.rms_norm_eps;
+        // Each single token starts reading its layer's likely experts while the mixers run, as
+        // a step of its own does (`Pass::prefetch`); a chunk needs nearly every expert anyway.
+        let prefetch = model.prefetch && singles > 0 && matches!(routing, Routing::Router);
         for (i, layer) in model.dense.layers.iter().enumerate() {
+            if prefetch {
+                let rows = 0..self.rows[singles - 1].rows.end * h;
+                let ln = &layer.post_attention_layernorm;
+                rms_norm_rows(ex.level, &x[rows.clone()], ln, eps, &mut normed[rows.clone()]);
+                let experts = model.experts.as_ref();
+                for row in normed[rows].chunks_exact(h) {
+                    moe::prefetch_next(&ex, &layer.mlp, cfg, experts, i, row, &mut self.moe)?;
+                }
+            }
             rms_norm_rows(ex.level, x, &layer.input_layernorm, eps, normed);
             for g in &groups {
                 let rows = self.rows[g.start].rows.start..self.rows[g.end - 1].rows.end;
@@ -186,7 +198,25 @@ impl CpuModel<'_> {
                 )?;
                 first = singles;
             }
-            for sp in &self.rows[first..] {
+            let mut last = self.rows.len();
+            if chunks > 1 && matches!(routing, Routing::Router) {
+                // The chunks together: one pass of the chunk path over all their rows, each
+                // expert read once for every chunk's tokens (the MoE holds no state).
+                let rows = self.rows[singles].rows.start * h..total * h;
+                moe::forward(
+                    &ex,
+                    &layer.mlp,
+                    cfg,
+                    experts,
+                    i,
+                    &normed[rows.clone()],
+                    &mut delta[rows],
+                    &mut self.moe,
+                    None,
+                )?;
+                last = singles;
+            }
+            for sp in &self.rows[first..last] {
                 // A single token takes the one-token MoE; a chunk its own chunk path.
                 let rows = sp.rows.start * h..sp.rows.end * h;
                 let given = match routing {
