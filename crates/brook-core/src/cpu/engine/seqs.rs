@@ -77,10 +77,11 @@ impl CpuModel<'_> {
                 model.dense.embed_tokens.row(tok as usize, row)?;
             }
         }
-        // The groups of rows whose products run together: the single tokens, then each chunk.
-        let groups: Vec<std::ops::Range<usize>> = std::iter::once(0..singles)
+        // The groups of rows whose products run together: the single tokens (the one-token
+        // kernels, row by row), then every chunk (the chunk kernels, whose rows do not mix).
+        let groups: Vec<std::ops::Range<usize>> = [0..singles, singles..self.rows.len()]
+            .into_iter()
             .filter(|g| !g.is_empty())
-            .chain((singles..self.rows.len()).map(|i| i..i + 1))
             .collect();
         let eps = cfg.rms_norm_eps;
         // Each single token starts reading its layer's likely experts while the mixers run, as
@@ -90,7 +91,13 @@ impl CpuModel<'_> {
             if prefetch {
                 let rows = 0..self.rows[singles - 1].rows.end * h;
                 let ln = &layer.post_attention_layernorm;
-                rms_norm_rows(ex.level, &x[rows.clone()], ln, eps, &mut normed[rows.clone()]);
+                rms_norm_rows(
+                    ex.level,
+                    &x[rows.clone()],
+                    ln,
+                    eps,
+                    &mut normed[rows.clone()],
+                );
                 let experts = model.experts.as_ref();
                 for row in normed[rows].chunks_exact(h) {
                     moe::prefetch_next(&ex, &layer.mlp, cfg, experts, i, row, &mut self.moe)?;
@@ -241,7 +248,8 @@ impl CpuModel<'_> {
         for s in seqs.iter_mut() {
             s.state.pos += s.tokens.len();
         }
-        // The head: the single tokens' logits together, row by row; each chunk's apart.
+        // The head: the single tokens' logits together, row by row; each chunk's apart (only
+        // the rows it wants).
         let (v, head) = (cfg.vocab_size, model.dense.lm_head.view());
         for g in &groups {
             let first = &self.rows[g.start];
@@ -260,23 +268,25 @@ impl CpuModel<'_> {
                     }
                 }
             } else {
-                let s = &mut seqs[first.seq];
-                let rows = match s.want {
-                    Logits::All => first.rows.clone(),
-                    Logits::Last => first.rows.end - 1..first.rows.end,
-                    Logits::None => continue,
-                };
-                let n = rows.len();
-                if self.logits.len() < n * v {
-                    self.logits.resize(n * v, 0.0);
+                for sp in &self.rows[g.clone()] {
+                    let s = &mut seqs[sp.seq];
+                    let rows = match s.want {
+                        Logits::All => sp.rows.clone(),
+                        Logits::Last => sp.rows.end - 1..sp.rows.end,
+                        Logits::None => continue,
+                    };
+                    let n = rows.len();
+                    if self.logits.len() < n * v {
+                        self.logits.resize(n * v, 0.0);
+                    }
+                    ex.linears(
+                        &normed[rows.start * h..rows.end * h],
+                        n,
+                        &mut self.head,
+                        &mut [(head, &mut self.logits[..n * v])],
+                    )?;
+                    s.logits.extend_from_slice(&self.logits[..n * v]);
                 }
-                ex.linears(
-                    &normed[rows.start * h..rows.end * h],
-                    n,
-                    &mut self.head,
-                    &mut [(head, &mut self.logits[..n * v])],
-                )?;
-                s.logits.extend_from_slice(&self.logits[..n * v]);
             }
         }
         Ok(())
