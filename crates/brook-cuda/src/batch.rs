@@ -166,6 +166,9 @@ impl CudaModel {
             let graphed = self.graphs && b.graphs[n].is_some();
             if !graphed && self.graphs {
                 b.graphs[n] = self.capture_batch(&b, n, layers);
+                // A capture that failed once fails again: run unrecorded from now on, as the
+                // one-sequence steps do.
+                self.graphs = b.graphs[n].is_some();
             }
             match &b.graphs[n] {
                 Some(g) if self.graphs => {
