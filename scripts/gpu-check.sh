@@ -2,9 +2,11 @@
 # The CUDA backend's tests and benchmarks in one call, on a machine with an NVIDIA GPU and
 # no Rust toolchain. Build the binaries on any x86-64 Linux machine with Rust first:
 #
-#   scripts/gpu-check.sh build [DIR]    # writes DIR/brook and DIR/gpu-tests (DIR: dist/gpu)
+#   scripts/gpu-check.sh build [DIR]    # writes DIR/brook, DIR/gpu-tests and DIR/gpu_steps
+#                                       # (DIR: dist/gpu), and DIR.tgz holding the three
 #
-# then copy the repository (with dist/gpu) to the GPU machine and, from its root, run
+# then copy the repository (with dist/gpu, or only dist/gpu.tgz where the copy's size is
+# limited: `run` unpacks it when dist/gpu is missing) to the GPU machine and, from its root, run
 #
 #   scripts/gpu-check.sh run [WORKDIR] [MODELS]
 #
@@ -12,7 +14,9 @@
 # "qwen3.6-35b-a3b qwen3-next-80b-a3b") as a container in WORKDIR (default /tmp/brook-gpu;
 # needs about 45 GB free for the 80B, one model at a time), benchmarks it with every
 # expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
-# prints a table per model. BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
+# prints a table per model; with every expert resident it also times batched steps of 1, 2,
+# 4, 8 and 16 sequences (gpu_steps, the engine alone; STEPS_SIZES changes them, "" skips).
+# BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
 # BUDGETS the budgets (default "resident 8GiB 4GiB 2GiB"), RESULTS_DIR keeps the JSON rows,
 # KEEP_MODEL=1 reuses a container already in WORKDIR (from an earlier run of the same model)
 # and adds to its rows, SKIP_TESTS=1 runs the benchmarks only.
@@ -27,6 +31,7 @@ case "${1:-}" in
 build)
     out=${2:-dist/gpu}
     cargo build --release -p brook-cli
+    cargo build --release -p brook-cuda --example gpu_steps
     exe=$(cargo test --release -p brook-cuda --test gpu --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
@@ -35,8 +40,10 @@ for l in sys.stdin:
     mkdir -p "$out"
     cp target/release/brook "$out/brook"
     cp "$exe" "$out/gpu-tests"
-    strip "$out/brook" "$out/gpu-tests" 2>/dev/null || true
-    echo "built $out/brook and $out/gpu-tests"
+    cp target/release/examples/gpu_steps "$out/gpu_steps"
+    strip "$out/brook" "$out/gpu-tests" "$out/gpu_steps" 2>/dev/null || true
+    tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
+    echo "built $out/brook, $out/gpu-tests and $out/gpu_steps; the three in $out.tgz"
     ;;
 run)
     work=${2:-/tmp/brook-gpu}
@@ -46,6 +53,11 @@ run)
     export BROOK_HOME="$work/home" BROOK_FIXTURES="$PWD/tests/fixtures"
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
     bins=${BINS:-dist/gpu}
+    for b in $bins; do
+        if [ ! -x "$b/brook" ] && [ -f "$b.tgz" ]; then
+            tar xzf "$b.tgz" -C "$(dirname "$b")"
+        fi
+    done
     first=${bins%% *}
     failed=0
     for b in $bins; do
@@ -84,6 +96,10 @@ run)
                         "$work/row.json" "$b" >>"$rows"
                 else
                     echo "bench failed for budget $budget ($b)"
+                fi
+                if [ "$budget" = resident ] && [ -x "$b/gpu_steps" ] && [ -n "${STEPS_SIZES-1,2,4,8,16}" ]; then
+                    echo "== batched steps $m ($b)"
+                    "$b/gpu_steps" "$work/model" "${STEPS_SIZES-1,2,4,8,16}" 20 2>/dev/null || echo "gpu_steps failed ($b)"
                 fi
             done
         done
