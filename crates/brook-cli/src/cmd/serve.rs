@@ -32,8 +32,9 @@ pub struct Args {
     queue: usize,
     /// Requests generating at once, each with its own conversation state; their decode steps
     /// are batched, so each reads the dense weights once for all. Default: 4 on the CPU
-    /// backend when four states take at most an eighth of the memory budget (else 2 or 1); 1
-    /// on CUDA.
+    /// backend when four states take at most an eighth of the memory budget (else 2 or 1);
+    /// 16 on CUDA when sixteen GPU states take at most an eighth of the GPU budget (else 8,
+    /// 4, 2 or 1).
     #[arg(long, value_name = "N")]
     parallel: Option<usize>,
     /// Model id clients send and /v1/models lists (default: the model folder's name).
