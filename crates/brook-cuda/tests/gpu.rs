@@ -313,33 +313,68 @@ fn four_matrices_of_mixed_formats_in_one_launch_stack_their_rows() {
     assert!(err < 1e-5, "rel err {err}");
 }
 
-/// Every expert's [gate, up, down] in GPU slots of one layout, as GpuExperts makes them: the
-/// slots, their table (one device pointer per expert) and the three matrices' placements.
-fn expert_slots(
-    g: &Arc<Gpu>,
-    experts: &[[brook_core::linear::Linear; 3]],
-) -> (
-    brook_cuda::gpu::DevBuf,
-    brook_cuda::gpu::DevBuf,
-    [brook_cuda::weights::Placement; 3],
-) {
-    let e = experts.len();
-    let v0 = experts[0].each_ref().map(|l| l.view());
-    let pg = place(&v0[0], 0, "gate").expect("place");
-    let pu = place(&v0[1], pg.end, "up").expect("place");
-    let pd = place(&v0[2], pu.end, "down").expect("place");
-    let slot = pd.end.div_ceil(256) * 256;
-    let mut img = vec![0u8; slot * e];
-    for (n, ex) in experts.iter().enumerate() {
-        let dst = &mut img[n * slot..(n + 1) * slot];
-        for (l, p) in ex.iter().zip([&pg, &pu, &pd]) {
-            copy_into(&l.view(), p, dst);
+/// One MoE layer's weights for the kernel tests: 16 random experts of `fmt` ([gate, up,
+/// down], h → i → h) in GPU slots of one layout behind a table, as GpuExperts makes them,
+/// and a random shared expert (h → is → h) uploaded as dense matrices.
+struct MoeCase {
+    experts: Vec<[brook_core::linear::Linear; 3]>,
+    shared: [brook_core::linear::Linear; 3],
+    _slots: brook_cuda::gpu::DevBuf,
+    /// One device pointer per expert.
+    tab: brook_cuda::gpu::DevBuf,
+    /// Where gate, up and down sit in a slot.
+    placed: [brook_cuda::weights::Placement; 3],
+    _shared_bufs: Vec<brook_cuda::gpu::DevBuf>,
+    /// The shared expert's gate, up and down.
+    sm: [Mat; 3],
+}
+
+impl MoeCase {
+    fn new(g: &Arc<Gpu>, rng: &mut Rng, fmt: Format, h: usize, i: usize, is: usize) -> Self {
+        let e = 16;
+        let experts: Vec<[_; 3]> = (0..e)
+            .map(|_| {
+                [
+                    random_linear(rng, i, h, fmt),
+                    random_linear(rng, i, h, fmt),
+                    random_linear(rng, h, i, fmt),
+                ]
+            })
+            .collect();
+        let v0 = experts[0].each_ref().map(|l| l.view());
+        let pg = place(&v0[0], 0, "gate").expect("place");
+        let pu = place(&v0[1], pg.end, "up").expect("place");
+        let pd = place(&v0[2], pu.end, "down").expect("place");
+        let slot = pd.end.div_ceil(256) * 256;
+        let mut img = vec![0u8; slot * e];
+        for (n, ex) in experts.iter().enumerate() {
+            let dst = &mut img[n * slot..(n + 1) * slot];
+            for (l, p) in ex.iter().zip([&pg, &pu, &pd]) {
+                copy_into(&l.view(), p, dst);
+            }
+        }
+        let slots = g.upload(&img, "slots").expect("slots");
+        let table: Vec<u64> = (0..e).map(|n| slots.ptr + (n * slot) as u64).collect();
+        let tab = g.upload(&table, "table").expect("table");
+        let shared = [
+            random_linear(rng, is, h, fmt),
+            random_linear(rng, is, h, fmt),
+            random_linear(rng, h, is, fmt),
+        ];
+        let (sm, bufs): (Vec<Mat>, Vec<_>) = shared
+            .iter()
+            .map(|l| upload_linear(g, &l.view(), "shared").expect("upload"))
+            .unzip();
+        MoeCase {
+            experts,
+            shared,
+            _slots: slots,
+            tab,
+            placed: [pg, pu, pd],
+            _shared_bufs: bufs,
+            sm: [sm[0], sm[1], sm[2]],
         }
     }
-    let arena = g.upload(&img, "slots").expect("slots");
-    let table: Vec<u64> = (0..e).map(|n| arena.ptr + (n * slot) as u64).collect();
-    let tab = g.upload(&table, "table").expect("table");
-    (arena, tab, [pg, pu, pd])
 }
 
 fn silu(v: f32) -> f32 {
@@ -361,27 +396,10 @@ fn one_token_moe_kernels_match_the_reference() {
         (4, 128, DType::F16, 1024, 512, 1024, 10),
     ] {
         let fmt = Format::Affine { bits, group, float };
-        let e: usize = 16;
-        let experts: Vec<[_; 3]> = (0..e)
-            .map(|_| {
-                [
-                    random_linear(&mut rng, i, h, fmt),
-                    random_linear(&mut rng, i, h, fmt),
-                    random_linear(&mut rng, h, i, fmt),
-                ]
-            })
-            .collect();
-        let (_arena, tab, [pg, pu, pd]) = expert_slots(&g, &experts);
-        let shared = [
-            random_linear(&mut rng, is, h, fmt),
-            random_linear(&mut rng, is, h, fmt),
-            random_linear(&mut rng, h, is, fmt),
-        ];
-        let sup: Vec<_> = shared
-            .iter()
-            .map(|l| upload_linear(&g, &l.view(), "shared").expect("upload"))
-            .collect();
-        let sm: Vec<Mat> = sup.iter().map(|(m, _)| *m).collect();
+        let case = MoeCase::new(&g, &mut rng, fmt, h, i, is);
+        let (experts, shared, tab, sm) = (&case.experts, &case.shared, &case.tab, case.sm);
+        let [pg, pu, pd] = &case.placed;
+        let e = experts.len();
         let sel: Vec<i32> = (0..e as i32).filter(|n| n % 5 != 1).take(k).collect();
         assert_eq!(sel.len(), k);
         let wts = rng.vec(k, 1.0);

@@ -79,26 +79,9 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             group,
             float: DType::BF16,
         };
-        let e: usize = 16;
-        let experts: Vec<[_; 3]> = (0..e)
-            .map(|_| {
-                [
-                    random_linear(&mut rng, i, h, fmt),
-                    random_linear(&mut rng, i, h, fmt),
-                    random_linear(&mut rng, h, i, fmt),
-                ]
-            })
-            .collect();
-        let (_arena, tab, [pg, pu, pd]) = expert_slots(&g, &experts);
-        let shared: Vec<_> = [(is, h), (is, h), (h, is)]
-            .iter()
-            .map(|&(r, c)| random_linear(&mut rng, r, c, fmt))
-            .collect();
-        let sup: Vec<_> = shared
-            .iter()
-            .map(|l| upload_linear(&g, &l.view(), "shared").expect("upload"))
-            .collect();
-        let sm: Vec<Mat> = sup.iter().map(|(m, _)| *m).collect();
+        let case = MoeCase::new(&g, &mut rng, fmt, h, i, is);
+        let (tab, sm, e) = (&case.tab, case.sm, case.experts.len());
+        let [pg, pu, pd] = &case.placed;
         assert_eq!(
             tc_shapes,
             ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&pg.mat, 8)

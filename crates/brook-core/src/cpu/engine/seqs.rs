@@ -189,58 +189,42 @@ impl CpuModel<'_> {
             add(ex.level, delta, x);
             rms_norm_rows(ex.level, x, &layer.post_attention_layernorm, eps, normed);
             let experts = model.experts.as_ref();
-            let mut first = 0;
-            if singles > 1 && matches!(routing, Routing::Router) {
-                // The single tokens together: one job, each expert read once.
-                let rows = 0..self.rows[singles - 1].rows.end * h;
-                moe::forward_tokens(
-                    &ex,
-                    &layer.mlp,
-                    cfg,
-                    experts,
-                    i,
-                    &normed[rows.clone()],
-                    &mut delta[rows],
-                    &mut self.moe,
-                )?;
-                first = singles;
-            }
-            let mut last = self.rows.len();
-            if chunks > 1 && matches!(routing, Routing::Router) {
-                // The chunks together: one pass of the chunk path over all their rows, each
-                // expert read once for every chunk's tokens (the MoE holds no state).
-                let rows = self.rows[singles].rows.start * h..total * h;
-                moe::forward(
-                    &ex,
-                    &layer.mlp,
-                    cfg,
-                    experts,
-                    i,
-                    &normed[rows.clone()],
-                    &mut delta[rows],
-                    &mut self.moe,
-                    None,
-                )?;
-                last = singles;
-            }
-            for sp in &self.rows[first..last] {
-                // A single token takes the one-token MoE; a chunk its own chunk path.
-                let rows = sp.rows.start * h..sp.rows.end * h;
-                let given = match routing {
-                    Routing::Given(g) => Some((g, sp.seq)),
-                    Routing::Router => None,
-                };
-                moe::forward(
-                    &ex,
-                    &layer.mlp,
-                    cfg,
-                    experts,
-                    i,
-                    &normed[rows.clone()],
-                    &mut delta[rows],
-                    &mut self.moe,
-                    given,
-                )?;
+            match routing {
+                // Each group in one pass: the single tokens as one job of the one-token
+                // schedule (each expert read once for all of them), the chunks through the
+                // chunk path over all their rows (the MoE holds no state).
+                Routing::Router => {
+                    for g in &groups {
+                        let rows =
+                            self.rows[g.start].rows.start * h..self.rows[g.end - 1].rows.end * h;
+                        let (xn, out) = (&normed[rows.clone()], &mut delta[rows]);
+                        let (mlp, moe) = (&layer.mlp, &mut self.moe);
+                        if g.start < singles {
+                            moe::forward_tokens(&ex, mlp, cfg, experts, i, xn, out, moe)?;
+                        } else {
+                            moe::forward(&ex, mlp, cfg, experts, i, xn, out, moe, None)?;
+                        }
+                    }
+                }
+                // A replayed routing names each sequence's experts: one part at a time.
+                Routing::Given(gr) => {
+                    for sp in &self.rows {
+                        let rows = sp.rows.start * h..sp.rows.end * h;
+                        let (xn, out) = (&normed[rows.clone()], &mut delta[rows]);
+                        let given = Some((gr, sp.seq));
+                        moe::forward(
+                            &ex,
+                            &layer.mlp,
+                            cfg,
+                            experts,
+                            i,
+                            xn,
+                            out,
+                            &mut self.moe,
+                            given,
+                        )?;
+                    }
+                }
             }
             add(ex.level, delta, x);
         }
