@@ -171,12 +171,8 @@ impl CudaModel {
                 self.graphs = b.graphs[n].is_some();
             }
             match &b.graphs[n] {
-                Some(g) if self.graphs => {
-                    self.gpu.queued_other();
-                    // SAFETY: an instantiated graph over live buffers (scratch, `b`).
-                    unsafe { cudarc::driver::result::graph::launch(g.exec, self.gpu.stream) }
-                        .map_err(|e| crate::gpu::err("launching a batched step", e))?;
-                }
+                // Over the engine's scratch and `b`, which live.
+                Some(g) if self.graphs => g.launch(&self.gpu, "launching a batched step")?,
                 _ => self.enqueue_batch(&b, n, layers)?,
             }
             let wanted = seqs.iter().any(|s| s.want != Logits::None);
@@ -205,46 +201,13 @@ impl CudaModel {
     /// The batched step for `n` sequences as a CUDA graph, or `None` (logged) when capture
     /// fails: then it runs unrecorded.
     fn capture_batch(&mut self, b: &BatchBufs, n: usize, layers: usize) -> Option<Graph> {
-        use cudarc::driver::{result, sys};
-        // SAFETY: a live stream; relaxed mode lets other threads use the driver meanwhile.
-        let begun = unsafe {
-            result::stream::begin_capture(
-                self.gpu.stream,
-                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-            )
-        };
-        if let Err(e) = begun {
-            tracing::warn!(
-                "CUDA graph capture failed to start ({e}); batched steps run unrecorded"
-            );
-            return None;
-        }
-        let queued = self.enqueue_batch(b, n, layers);
-        // SAFETY: ends the capture begun above, whatever happened in between.
-        let graph = unsafe { result::stream::end_capture(self.gpu.stream) };
-        let graph = match (queued, graph) {
-            (Ok(()), Ok(g)) => g,
-            (q, g) => {
-                if let Ok(g) = g {
-                    // SAFETY: destroy the graph we own.
-                    let _ = unsafe { result::graph::destroy(g) };
-                }
-                tracing::warn!("CUDA graph capture failed ({q:?}); batched steps run unrecorded");
-                return None;
-            }
-        };
-        // SAFETY: a graph just captured.
-        match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
-            Ok(exec) => Some(Graph { graph, exec }),
-            Err(e) => {
-                // SAFETY: destroy the graph we own.
-                let _ = unsafe { result::graph::destroy(graph) };
-                tracing::warn!(
-                    "CUDA graph instantiation failed ({e}); batched steps run unrecorded"
-                );
+        let then = "batched steps run unrecorded";
+        Graph::capture(self.gpu.stream, then, || self.enqueue_batch(b, n, layers)).unwrap_or_else(
+            |e| {
+                tracing::warn!("{e}; {then}");
                 None
-            }
-        }
+            },
+        )
     }
 
     /// Queues the staged inputs' copies, every layer and the head for `n` sequences.

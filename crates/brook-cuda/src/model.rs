@@ -361,20 +361,13 @@ impl CudaModel {
     /// graph, captured on first use: the inputs' copies, every layer and the head.
     /// `Ok(false)`: the step could not be captured (logged); nothing ran, run it plainly.
     fn decode_graphed(&mut self, dev: &mut DeviceSeq, token: u32, pos0: usize) -> Result<bool> {
-        use cudarc::driver::{result, sys};
         self.stage_inputs(&[token], pos0);
         let fresh = !matches!(&dev.graph, Some((id, _)) if *id == self.id);
         if fresh {
             dev.graph = None;
-            // SAFETY: a live stream; relaxed mode lets other threads use the driver meanwhile.
-            unsafe {
-                result::stream::begin_capture(
-                    self.gpu.stream,
-                    sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
-                )
-            }
-            .map_err(|e| crate::gpu::err("starting a graph capture", e))?;
-            let queued = self.enqueue_inputs(1).and_then(|_| {
+            let stream = self.gpu.stream;
+            let graph = Graph::capture(stream, "decoding without graphs", || {
+                self.enqueue_inputs(1)?;
                 self.enqueue_layers(dev, 1)?;
                 self.linear(
                     self.dense.head,
@@ -383,42 +376,15 @@ impl CudaModel {
                     self.s.normed.ptr,
                     self.s.logits.ptr,
                 )
-            });
-            // SAFETY: ends the capture begun above, whatever happened in between.
-            let graph = unsafe { result::stream::end_capture(self.gpu.stream) };
-            let graph = match (queued, graph) {
-                (Ok(()), Ok(g)) => g,
-                (q, g) => {
-                    if let Ok(g) = g {
-                        // SAFETY: destroy the graph we own.
-                        let _ = unsafe { result::graph::destroy(g) };
-                    }
-                    tracing::warn!("CUDA graph capture failed ({q:?}); decoding without graphs");
-                    return Ok(false);
-                }
+            })?;
+            let Some(graph) = graph else {
+                return Ok(false);
             };
-            // SAFETY: a graph just captured.
-            let exec =
-                unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) };
-            let exec = match exec {
-                Ok(x) => x,
-                Err(e) => {
-                    // SAFETY: destroy the graph we own.
-                    let _ = unsafe { result::graph::destroy(graph) };
-                    tracing::warn!(
-                        "CUDA graph instantiation failed ({e}); decoding without graphs"
-                    );
-                    return Ok(false);
-                }
-            };
-            dev.graph = Some((self.id, Graph { graph, exec }));
+            dev.graph = Some((self.id, graph));
         }
-        let exec = dev.graph.as_ref().map(|(_, g)| g.exec);
-        if let Some(exec) = exec {
-            self.gpu.queued_other();
-            // SAFETY: an instantiated graph whose buffers (engine scratch, this state) live.
-            unsafe { result::graph::launch(exec, self.gpu.stream) }
-                .map_err(|e| crate::gpu::err("launching the decode graph", e))?;
+        if let Some((_, g)) = &dev.graph {
+            // The engine's scratch and this state's buffers, which the graph uses, live.
+            g.launch(&self.gpu, "launching the decode graph")?;
         }
         Ok(true)
     }

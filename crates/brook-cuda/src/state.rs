@@ -34,6 +34,61 @@ unsafe impl Send for Graph {}
 // SAFETY: as above.
 unsafe impl Sync for Graph {}
 
+impl Graph {
+    /// Records what `queue` puts on `gpu`'s stream as an instantiated graph. `Ok(None)` (the
+    /// reason logged, `then` saying what runs instead): the work could not be captured or
+    /// instantiated, nothing ran, and it is to run unrecorded. `Err`: the capture could not
+    /// start.
+    pub(crate) fn capture(
+        stream: cudarc::driver::sys::CUstream,
+        then: &str,
+        queue: impl FnOnce() -> Result<()>,
+    ) -> Result<Option<Graph>> {
+        use cudarc::driver::{result, sys};
+        // SAFETY: a live stream; relaxed mode lets other threads use the driver meanwhile.
+        unsafe {
+            result::stream::begin_capture(
+                stream,
+                sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            )
+        }
+        .map_err(|e| crate::gpu::err("starting a graph capture", e))?;
+        let queued = queue();
+        // SAFETY: ends the capture begun above, whatever happened in between.
+        let graph = unsafe { result::stream::end_capture(stream) };
+        let graph = match (queued, graph) {
+            (Ok(()), Ok(g)) => g,
+            (q, g) => {
+                if let Ok(g) = g {
+                    // SAFETY: destroy the graph we own.
+                    let _ = unsafe { result::graph::destroy(g) };
+                }
+                tracing::warn!("CUDA graph capture failed ({q:?}); {then}");
+                return Ok(None);
+            }
+        };
+        // SAFETY: a graph just captured.
+        match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+            Ok(exec) => Ok(Some(Graph { graph, exec })),
+            Err(e) => {
+                // SAFETY: destroy the graph we own.
+                let _ = unsafe { result::graph::destroy(graph) };
+                tracing::warn!("CUDA graph instantiation failed ({e}); {then}");
+                Ok(None)
+            }
+        }
+    }
+
+    /// Queues one replay on `gpu`'s stream (`what` names it in an error); the buffers it was
+    /// captured over must be alive.
+    pub(crate) fn launch(&self, gpu: &Gpu, what: &str) -> Result<()> {
+        gpu.queued_other();
+        // SAFETY: an instantiated graph; its buffers live (the caller's contract).
+        unsafe { cudarc::driver::result::graph::launch(self.exec, gpu.stream) }
+            .map_err(|e| crate::gpu::err(what, e))
+    }
+}
+
 impl Drop for Graph {
     fn drop(&mut self) {
         // SAFETY: created once by instantiate/end_capture, destroyed once.
