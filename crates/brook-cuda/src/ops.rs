@@ -174,7 +174,7 @@ pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
     stacked(g, m, 1, 1, x, y)
 }
 
-/// Vectors a block of `qmv_tcn` takes (kernels/tensor.cu `QMV_TCN`).
+/// The most vectors a block of `qmv_tcn` takes (kernels/tensor_n.cu: qmv_tcn2, 4 and 8).
 const TCN: usize = 8;
 
 /// [`qmv_stacked`] for `nvec` vectors (x[v] and y[v] one after another: `cols` and the
@@ -197,16 +197,19 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
         // The split of the one-vector launch, whatever the number of vectors.
         let tiles = rows / 16;
         let split = tc_split(sms, tiles, 1, cols, QMV_WARPS);
-        // The kernel lays out room for TCN vectors, however many a block has.
-        let groups = nvec.div_ceil(TCN);
-        let n_bytes = tc_smem(cols, TCN) + TCN * tc_part_bytes(QMV_WARPS);
+        // The smallest kernel that holds the vectors (every vector it has room for is
+        // computed, present or not), eight a block beyond; it lays out room for all of them.
+        let nv = nvec.next_power_of_two().min(TCN);
+        let kernel = g.k.qmv_tcn[nv.trailing_zeros() as usize - 1];
+        let groups = nvec.div_ceil(nv);
+        let n_bytes = tc_smem(cols, nv) + nv * tc_part_bytes(QMV_WARPS);
         if n_bytes <= g.max_smem as usize {
             let bx = tiles
                 .div_ceil(QMV_WARPS / split)
                 .clamp(1, (sms / groups).max(1)) as u32;
             a.arg(nvec as i32).arg(split as i32).arg(x).arg(y);
             let grid = (bx, groups as u32, 1);
-            return g.launch(g.k.qmv_tcn, grid, 256, n_bytes as u32, &mut a);
+            return g.launch(kernel, grid, 256, n_bytes as u32, &mut a);
         }
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
@@ -361,9 +364,14 @@ pub fn moe_down(
     let tc_bytes =
         tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + warps * 16 * 4;
     if tc_all(g, &[down, sdown], 16) && down.rows == sdown.rows && tc_bytes <= g.max_smem as usize {
+        // A block a tile for one token; with many tokens about four blocks per SM in all,
+        // each taking several tiles for one staging of its token's inputs.
+        let tiles = down.rows as usize / 16;
+        let sms = g.sms.max(1) as usize;
+        let bx = tiles.min((4 * sms).div_ceil(ny as usize)).max(1);
         return g.launch(
             g.k.down_tc,
-            ((down.rows / 16) as u32, ny, 1),
+            (bx as u32, ny, 1),
             (warps * 32) as u32,
             tc_bytes as u32,
             &mut a,

@@ -117,7 +117,8 @@ __device__ __forceinline__ TcRow tc_row(const Mat& m, u64 base, long long r) {
 }
 
 // TCU = 4 chunks of a lane's two rows (k = 0: row g, 1: row g + 8): the words, and the
-// scales (lanes t < 2 use them) and biases (lane t = 0) of the chunks' groups, 16-bit
+// scales and biases of the chunks' groups (every lane loads them: tensor_n.cu's lanes
+// t = 2, 3 use them as t = 0, 1 do; the same words for the whole quad), 16-bit
 // values two to a word: with G = 64 word u holds chunk u's two halves, with G = 128 word
 // u / 2 holds chunks u and u + 1 (one load of 16 or 8 bytes per row each).
 template <int ST, int G>
@@ -138,15 +139,13 @@ __device__ __forceinline__ void tc_issue(const TcRow (&row)[2], int c0, TcLoads<
             for (int h = 0; h < 2; h++)
                 f.w[u][h][k] = __ldg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
         if (G == 64) {
-            uint4 z = make_uint4(0u, 0u, 0u, 0u);
-            uint4 sv = t < 2 ? __ldg((const uint4*)(r.s + c0 * 4)) : z;
-            uint4 bv = t == 0 ? __ldg((const uint4*)(r.b + c0 * 4)) : z;
+            uint4 sv = __ldg((const uint4*)(r.s + c0 * 4));
+            uint4 bv = __ldg((const uint4*)(r.b + c0 * 4));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = sv.z; f.s[k][3] = sv.w;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = bv.z; f.b[k][3] = bv.w;
         } else {
-            uint2 z = make_uint2(0u, 0u);
-            uint2 sv = t < 2 ? __ldg((const uint2*)(r.s + c0 * 2)) : z;
-            uint2 bv = t == 0 ? __ldg((const uint2*)(r.b + c0 * 2)) : z;
+            uint2 sv = __ldg((const uint2*)(r.s + c0 * 2));
+            uint2 bv = __ldg((const uint2*)(r.b + c0 * 2));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = 0u; f.s[k][3] = 0u;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = 0u; f.b[k][3] = 0u;
         }
@@ -367,11 +366,13 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
 }
 
 // moe_down's tensor-core form: out[r] = Σ_k wts[k]·(down of expert sel[k] · h_k)[r] +
-// sigmoid(sg)·(sdown · h_s)[r]. A block takes 16 rows; its warp w takes vectors w, w + nw,
-// … of the K routed ones and then the shared one (vector K), weights each tile's result,
-// and the block sums the warps' partial sums in warp order. Dynamic shared memory: the K
-// routed inputs' and the shared input's fragments and sums (ops.rs `tc_down_smem`), then
-// 16 floats per warp. At most 12 warps (the register budget of one block per SM).
+// sigmoid(sg)·(sdown · h_s)[r]. A block takes tiles of 16 rows (blockIdx.x, then every
+// gridDim.x-th: several when many tokens share the launch, so each block stages its token's
+// inputs once for more rows); its warp w takes vectors w, w + nw, … of the K routed ones
+// and then the shared one (vector K), weights each tile's result, and the block sums the
+// warps' partial sums in warp order. Dynamic shared memory: the K routed inputs' and the
+// shared input's fragments and sums (ops.rs `tc_down_smem`), then 16 floats per warp. At
+// most 12 warps (the register budget of one block per SM).
 template <int ST, int G>
 __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
                              const int* __restrict__ sel, const float* __restrict__ wts, int K,
@@ -406,52 +407,48 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     }
     PDL_SYNC();
     // A routed first vector's slot is known now: its loads go out before the staging.
-    u64 base = warp < K ? tab[sel[warp]] : 0;
-    if (base != 0) {
-        row[0] = tc_row<ST, G>(down, base, r0 + g);
-        row[1] = tc_row<ST, G>(down, base, r0 + g + 8);
+    u64 first = warp < K ? tab[sel[warp]] : 0;
+    if (first != 0) {
+        row[0] = tc_row<ST, G>(down, first, r0 + g);
+        row[1] = tc_row<ST, G>(down, first, r0 + g + 8);
         tc_issue<ST, G>(row, 0, f);
     }
     tc_stage(h, I, K, I, fr, sx);
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
     __syncthreads();
-    float acc[2] = {0.0f, 0.0f};
-    for (int e = warp; e <= K; e += nw) {
-        float o[2];
-        float w;
-        if (e < K) {
-            if (e != warp) {
-                base = tab[sel[e]];
-                if (base == 0) continue;
-                row[0] = tc_row<ST, G>(down, base, r0 + g);
-                row[1] = tc_row<ST, G>(down, base, r0 + g + 8);
-                tc_issue<ST, G>(row, 0, f);
-            } else if (base == 0) {
-                continue;
-            }
-            tc_rows<ST, G>(row, 0, nch, f, fr + e * nch * TC_CHUNK_U4, sx + e * (I >> 6), o);
-            w = wts[e];
-        } else {
-            if (e != warp) {   // not issued before the wait
-                row[0] = tc_row<ST, G>(sdown, 0, r0 + g);
-                row[1] = tc_row<ST, G>(sdown, 0, r0 + g + 8);
+    for (bool issued = true; r0 < down.rows; r0 += gridDim.x * 16, issued = false) {
+        float acc[2] = {0.0f, 0.0f};
+        for (int e = warp; e <= K; e += nw) {
+            // Routed vector e < K (its slot; none: no output) or the shared one (e = K).
+            bool routed = e < K;
+            u64 base = !routed ? 0 : e == warp ? first : tab[sel[e]];
+            if (routed && base == 0) continue;
+            if (!(issued && e == warp)) {   // else its loads are out already
+                const Mat& m = routed ? down : sdown;
+                row[0] = tc_row<ST, G>(m, base, r0 + g);
+                row[1] = tc_row<ST, G>(m, base, r0 + g + 8);
                 tc_issue<ST, G>(row, 0, f);
             }
-            tc_rows<ST, G>(row, 0, snch, f, sfr, ssx, o);
-            w = sigmoidf_(sg[0]);
+            float o[2];
+            if (routed)
+                tc_rows<ST, G>(row, 0, nch, f, fr + e * nch * TC_CHUNK_U4, sx + e * (I >> 6), o);
+            else
+                tc_rows<ST, G>(row, 0, snch, f, sfr, ssx, o);
+            float w = routed ? wts[e] : sigmoidf_(sg[0]);
+            acc[0] = fmaf(w, o[0], acc[0]);
+            acc[1] = fmaf(w, o[1], acc[1]);
         }
-        acc[0] = fmaf(w, o[0], acc[0]);
-        acc[1] = fmaf(w, o[1], acc[1]);
-    }
-    if ((lane & 3) == 0) {
-        part[warp * 16 + g] = acc[0];
-        part[warp * 16 + g + 8] = acc[1];
-    }
-    __syncthreads();
-    if (threadIdx.x < 16) {
-        float s = 0.0f;
-        for (int w = 0; w < nw; w++) s += part[w * 16 + threadIdx.x];
-        out[r0 + threadIdx.x] = s;
+        if ((lane & 3) == 0) {
+            part[warp * 16 + g] = acc[0];
+            part[warp * 16 + g + 8] = acc[1];
+        }
+        __syncthreads();
+        if (threadIdx.x < 16) {
+            float s = 0.0f;
+            for (int w = 0; w < nw; w++) s += part[w * 16 + threadIdx.x];
+            out[r0 + threadIdx.x] = s;
+        }
+        __syncthreads();   // part is written again for the next tile
     }
 }
 #endif

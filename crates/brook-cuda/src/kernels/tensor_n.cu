@@ -4,16 +4,30 @@
 // bits tensor.cu's one-vector kernels give it.
 
 #if __CUDA_ARCH__ >= 800
-// tc_consume for NV vectors at once (n ≤ NV of them present, the same n in the whole warp):
-// each loaded chunk's codes are decoded once and multiplied by every vector's fragments (fr
-// and sx hold the vectors one after another, nch chunks each). Every vector's arithmetic is
+// Two vectors share each mma: a vector takes three of B's eight columns (its three bf16
+// parts), so pair j puts vector 2j in columns 0..2 and vector 2j + 1 in columns 4..6
+// (columns 3 and 7 zero). An mma's output columns are independent of each other, so each
+// vector's sums are those of tensor.cu's one-vector mma (its parts in columns 0..2, the rest
+// zero). Lane t of a quad holds output columns 2t and 2t + 1: lanes t = 0, 1 hold vector
+// 2j as tc_consume's t = 0, 1 do, lanes t = 2, 3 hold vector 2j + 1 the same way, and the
+// same shuffle adds each pair of lanes. So a lane carries one accumulator per pair, for
+// vector 2j + t / 2.
+
+// tc_consume for NV vectors at once (NV / 2 pairs): each loaded chunk's codes are decoded
+// once and multiplied by every pair's fragments (fr and sx hold the vectors one after
+// another, nch chunks each). All NV are computed whether present or not (the caller stores
+// only the present ones; the others read staging room that holds no vector): with no branch
+// between them the pairs' chains of dependent mma interleave. Every vector's arithmetic is
 // tc_consume's, operation for operation, so its results are bit for bit those of a launch
 // for that vector alone.
 template <int ST, int G, int NV>
 __device__ __forceinline__ void tc_consume_n(const TcLoads<ST, G>& f, const uint4* fr,
-                                             const float* sx, int nch, int n, int c0,
-                                             float (&acc)[NV][2]) {
+                                             const float* sx, int nch, int c0,
+                                             float (&acc)[NV / 2][2]) {
     int lane = threadIdx.x & 31, t = lane & 3, p = lane >> 2;
+    // This lane's B column: part p & 3 of vector 2j + p / 4 (columns 3 and 7 zero).
+    int part = p & 3, side = p >> 2, mine = t >> 1;
+    bool even = (t & 1) == 0;
 #pragma unroll
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
@@ -34,52 +48,52 @@ __device__ __forceinline__ void tc_consume_n(const TcLoads<ST, G>& f, const uint
             float b0 = fmaf(8.0f, s0, tc_half<ST, G>(f.b[0], u, h));
             float b1 = fmaf(8.0f, s1, tc_half<ST, G>(f.b[1], u, h));
 #pragma unroll
-            for (int v = 0; v < NV; v++) {
-                if (v >= n) break;
-                const uint4* fv = fr + (long long)v * nch * TC_CHUNK_U4;
+            for (int j = 0; j < NV / 2; j++) {
+                const uint4* fv = fr + (long long)(2 * j + side) * nch * TC_CHUNK_U4;
                 float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    uint4 bq = p < 3 ? fv[c * TC_CHUNK_U4 + (2 * h + i) * 12 + p * 4 + t]
-                                     : make_uint4(0u, 0u, 0u, 0u);
+                    uint4 bq = part < 3 ? fv[c * TC_CHUNK_U4 + (2 * h + i) * 12 + part * 4 + t]
+                                        : make_uint4(0u, 0u, 0u, 0u);
                     mma16816(d, a[i][0], a[i][1], a[i][2], a[i][3], bq.x, bq.y);
                     mma16816(d, a[i][4], a[i][5], a[i][6], a[i][7], bq.z, bq.w);
                 }
-                float lo = t == 0 ? d[0] + d[1] : d[0];
-                float hi = t == 0 ? d[2] + d[3] : d[2];
-                acc[v][0] = fmaf(s0, lo, acc[v][0]);
-                acc[v][1] = fmaf(s1, hi, acc[v][1]);
-                if (t == 0) {
-                    float sxv = sx[v * (nch * 2) + c * 2 + h];
-                    acc[v][0] = fmaf(b0, sxv, acc[v][0]);
-                    acc[v][1] = fmaf(b1, sxv, acc[v][1]);
+                float lo = even ? d[0] + d[1] : d[0];
+                float hi = even ? d[2] + d[3] : d[2];
+                acc[j][0] = fmaf(s0, lo, acc[j][0]);
+                acc[j][1] = fmaf(s1, hi, acc[j][1]);
+                if (even) {
+                    float sxv = sx[(2 * j + mine) * (nch * 2) + c * 2 + h];
+                    acc[j][0] = fmaf(b0, sxv, acc[j][0]);
+                    acc[j][1] = fmaf(b1, sxv, acc[j][1]);
                 }
             }
         }
     }
 }
 
-// tc_rows for NV vectors (n present).
+// tc_rows for NV vectors: a lane's totals for vector 2j + t / 2 in out[j] (lanes t = 0, 2).
 template <int ST, int G, int NV>
-__device__ __forceinline__ void tc_rows_n(const TcRow (&row)[2], int cb, int ce, int nch, int n,
+__device__ __forceinline__ void tc_rows_n(const TcRow (&row)[2], int cb, int ce, int nch,
                                           TcLoads<ST, G>& f, const uint4* fr, const float* sx,
-                                          float (&out)[NV][2]) {
-    float acc[NV][2];
+                                          float (&out)[NV / 2][2]) {
+    float acc[NV / 2][2];
 #pragma unroll
-    for (int v = 0; v < NV; v++) acc[v][0] = acc[v][1] = 0.0f;
+    for (int j = 0; j < NV / 2; j++) acc[j][0] = acc[j][1] = 0.0f;
     for (int c0 = cb; c0 < ce; c0 += TCU) {
         if (c0 > cb) tc_issue<ST, G>(row, c0, f);
-        tc_consume_n<ST, G, NV>(f, fr, sx, nch, n, c0, acc);
+        tc_consume_n<ST, G, NV>(f, fr, sx, nch, c0, acc);
     }
 #pragma unroll
-    for (int v = 0; v < NV; v++) {
-        out[v][0] = acc[v][0] + __shfl_xor_sync(0xffffffffu, acc[v][0], 1);
-        out[v][1] = acc[v][1] + __shfl_xor_sync(0xffffffffu, acc[v][1], 1);
+    for (int j = 0; j < NV / 2; j++) {
+        out[j][0] = acc[j][0] + __shfl_xor_sync(0xffffffffu, acc[j][0], 1);
+        out[j][1] = acc[j][1] + __shfl_xor_sync(0xffffffffu, acc[j][1], 1);
     }
 }
 
 // tc_tiles for NV vectors (n present), the same warps, slices and order of partial sums per
-// vector; `part` holds two buffers of NV·nw·16 floats. out(tile, v, o) takes vector v's totals.
+// vector; `part` holds two buffers of NV·nw·16 floats. out(tile, v, o) takes vector v's
+// totals (from lanes t = 0 for even v, t = 2 for odd v).
 template <int ST, int G, int NV, typename RowsOf, typename Out>
 __device__ __forceinline__ void tc_tiles_n(int tiles, int split, int nch, int n, const uint4* fr,
                                            const float* sx, float* part, TcLoads<ST, G>& f,
@@ -87,35 +101,43 @@ __device__ __forceinline__ void tc_tiles_n(int tiles, int split, int nch, int n,
     int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int per = nw / split, tl = warp / split, slice = warp % split;
     int cs = nch / split, cb = slice * cs;
+    bool holds = (lane & 1) == 0;    // lanes t = 0, 2: a vector's totals
+    int mine = (lane & 3) >> 1;      // which vector of each pair
     TcRow row[2];
     int step = 0;
     for (int t0 = blockIdx.x * per; t0 < tiles; t0 += gridDim.x * per, step++) {
         int tile = t0 + tl;
-        float o[NV][2];
+        float o[NV / 2][2];
 #pragma unroll
-        for (int v = 0; v < NV; v++) o[v][0] = o[v][1] = 0.0f;
+        for (int j = 0; j < NV / 2; j++) o[j][0] = o[j][1] = 0.0f;
         if (tile < tiles) {
             rows_of(tile, row);
             if (!issued) tc_issue<ST, G>(row, cb, f);
-            tc_rows_n<ST, G, NV>(row, cb, cb + cs, nch, n, f, fr, sx, o);
+            tc_rows_n<ST, G, NV>(row, cb, cb + cs, nch, f, fr, sx, o);
         }
         issued = false;
         if (split == 1) {
-            if (tile < tiles && (lane & 3) == 0)
-                for (int v = 0; v < n; v++) out(tile, v, o[v]);
+            if (tile < tiles && holds)
+#pragma unroll
+                for (int j = 0; j < NV / 2; j++)
+                    if (2 * j + mine < n) out(tile, 2 * j + mine, o[j]);
             continue;
         }
         float* p = part + (step & 1) * NV * nw * 16;
-        if ((lane & 3) == 0) {
+        if (holds) {
 #pragma unroll
-            for (int v = 0; v < NV; v++) {
-                p[(v * nw + warp) * 16 + g] = o[v][0];
-                p[(v * nw + warp) * 16 + g + 8] = o[v][1];
+            for (int j = 0; j < NV / 2; j++) {
+                int v = 2 * j + mine;
+                p[(v * nw + warp) * 16 + g] = o[j][0];
+                p[(v * nw + warp) * 16 + g + 8] = o[j][1];
             }
         }
         __syncthreads();
-        if (slice == 0 && tile < tiles && (lane & 3) == 0) {
-            for (int v = 0; v < n; v++) {
+        if (slice == 0 && tile < tiles && holds) {
+#pragma unroll
+            for (int j = 0; j < NV / 2; j++) {
+                int v = 2 * j + mine;
+                if (v >= n) continue;
                 float sum[2] = {0.0f, 0.0f};
                 for (int i = 0; i < split; i++) {
                     sum[0] += p[(v * nw + warp + i) * 16 + g];
@@ -162,11 +184,17 @@ __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const 
 
 #endif
 
-// qmv_tc for up to QMV_TCN vectors a block (see qmv_tcn_body).
-#define QMV_TCN 8
-extern "C" __global__ void __launch_bounds__(256, 1)
-    qmv_tcn(Mat m0, Mat m1, Mat m2, Mat m3, int nvec, int split, const float* __restrict__ x,
-            float* __restrict__ y) {
-#define QMV_TCN_(ST, G) qmv_tcn_body<ST, G, QMV_TCN>(m0, m1, m2, m3, nvec, split, x, y, tcs)
-    TC_DISPATCH(m0, QMV_TCN_);
-}
+// qmv_tc for up to NV vectors a block (see qmv_tcn_body): qmv_tcn2, qmv_tcn4 and qmv_tcn8,
+// the host taking the smallest that holds a step's vectors (eight a block beyond that).
+#define QMV_TCN(NV)                                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 1)                                         \
+        qmv_tcn##NV(Mat m0, Mat m1, Mat m2, Mat m3, int nvec, int split,                         \
+                    const float* __restrict__ x, float* __restrict__ y) {                        \
+        TC_DISPATCH(m0, QMV_TCN_##NV);                                                           \
+    }
+#define QMV_TCN_2(ST, G) qmv_tcn_body<ST, G, 2>(m0, m1, m2, m3, nvec, split, x, y, tcs)
+#define QMV_TCN_4(ST, G) qmv_tcn_body<ST, G, 4>(m0, m1, m2, m3, nvec, split, x, y, tcs)
+#define QMV_TCN_8(ST, G) qmv_tcn_body<ST, G, 8>(m0, m1, m2, m3, nvec, split, x, y, tcs)
+QMV_TCN(2)
+QMV_TCN(4)
+QMV_TCN(8)
