@@ -103,7 +103,17 @@ pub struct Sampler {
     counts: Vec<u32>, // [vocab] occurrences of each id in the penalty window, zero between calls
     idx: Vec<u32>,    // [vocab] candidate ids, most likely first once sorted
     probs: Vec<f32>,  // [vocab] unnormalised probability of each id
+    kept: Vec<(f32, u32)>, // top-k's (logit, id) candidates: room for 2 × KEPT
+    block_max: Vec<f32>, // [vocab / BLOCK] the largest logit of each block
+    block_sel: Vec<f32>, // [vocab / BLOCK] scratch to select among them
 }
+
+/// Logits a block of the maximum pass (see `Sampler::top_candidates`).
+const BLOCK: usize = 64;
+
+/// Candidates top-k keeps between compactions (see `Sampler::top_candidates`); a top-k over
+/// half of it takes every id.
+const KEPT: usize = 4096;
 
 impl Sampler {
     /// A sampler for logits of length `vocab_size` (the model's padded embedding rows).
@@ -115,6 +125,9 @@ impl Sampler {
             counts: vec![0; vocab_size],
             idx: vec![0; vocab_size],
             probs: vec![0.0; vocab_size],
+            kept: Vec::with_capacity(2 * KEPT),
+            block_max: Vec::with_capacity(vocab_size.div_ceil(BLOCK)),
+            block_sel: Vec::with_capacity(vocab_size.div_ceil(BLOCK)),
         })
     }
 
@@ -192,31 +205,44 @@ impl Sampler {
     fn filter(&mut self, logits: &[f32]) -> Option<usize> {
         let n = logits.len();
         let inv_t = 1.0 / self.params.temperature;
-        let max = logits
+        // Each block's largest logit (NaN skipped, as f32::max skips it), then theirs.
+        self.block_max.clear();
+        self.block_max.extend(
+            logits
+                .chunks(BLOCK)
+                .map(|b| b.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v))),
+        );
+        let max = self
+            .block_max
             .iter()
-            .copied()
-            .filter(|l| !l.is_nan())
-            .fold(f32::NEG_INFINITY, f32::max);
+            .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
         if !max.is_finite() {
             return None;
         }
-        let mut sum = 0.0f32;
-        for (i, &l) in logits.iter().enumerate() {
-            let p = if l.is_nan() {
-                0.0
-            } else {
-                ((l - max) * inv_t).exp()
-            };
-            self.probs[i] = p;
-            sum += p;
-            self.idx[i] = i as u32;
-        }
-        let mut m = n;
+        let prob = |l: f32| ((l - max) * inv_t).exp();
         let top_k = self.params.top_k;
         let top_p = self.params.top_p;
-        if top_k > 0 && top_k < n {
-            self.select_top(top_k);
+        let mut sum = 0.0f32;
+        let mut m = n;
+        let fast = if top_k > 0 && top_k < n {
+            self.top_candidates(logits, top_k, prob)
+        } else {
+            None
+        };
+        if let Some(c) = fast {
+            self.select_top(top_k, c);
             m = top_k;
+        } else {
+            for (i, &l) in logits.iter().enumerate() {
+                let p = if l.is_nan() { 0.0 } else { prob(l) };
+                self.probs[i] = p;
+                sum += p;
+                self.idx[i] = i as u32;
+            }
+            if top_k > 0 && top_k < n {
+                self.select_top(top_k, n);
+                m = top_k;
+            }
         }
         if top_p < 1.0 {
             if m < n {
@@ -241,19 +267,96 @@ impl Sampler {
         Some(m)
     }
 
-    /// Moves the `k` most likely ids to `idx[..k]`, sorted most likely first (ties: lower id).
-    fn select_top(&mut self, k: usize) {
+    /// Top-k without a probability for every id: puts in `idx[..c]` (returned) every id
+    /// whose probability can reach the `k`-th largest, with its probability in `probs`.
+    /// `block_max` holds the largest logit of each block of [`BLOCK`]. `None` (nothing
+    /// decided: the caller takes every id) when a step of `margin` below the k-th largest
+    /// logit does not separate probabilities (underflow, or a temperature so high that the
+    /// step is lost in rounding), when more than the scratch's room lie within it (near-equal
+    /// logits), or when fewer than `k` blocks or logits hold numbers.
+    ///
+    /// Exact: a probability is a non-decreasing function of its logit, so the k-th largest
+    /// probability is that of the k-th largest logit `lk`; an id left out has a logit below
+    /// `lk − margin`, so a probability at most `prob(lk − margin)`, which is checked to be
+    /// below `prob(lk)`: no id left out can be among the k most likely, ties included.
+    fn top_candidates(
+        &mut self,
+        logits: &[f32],
+        k: usize,
+        prob: impl Fn(f32) -> f32,
+    ) -> Option<usize> {
+        // One temperature unit: candidates within a factor e of the k-th probability.
+        let margin = self.params.temperature.max(f32::MIN_POSITIVE);
+        if k > KEPT / 2 || self.block_max.len() < k {
+            return None;
+        }
+        // The first floor: the k largest block maxima are k distinct logits, so the k-th
+        // largest logit is at least the k-th largest of them. The floor only rises after
+        // (to the k-th largest of what was kept so far, at most the final one, less the
+        // margin), so any id passed over lies below the final k-th largest less the margin.
+        let sel = &mut self.block_sel;
+        sel.clear();
+        sel.extend_from_slice(&self.block_max);
+        sel.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+        let mut floor = sel[k - 1] - margin;
+        if !floor.is_finite() {
+            return None;
+        }
+        let kept = &mut self.kept;
+        kept.clear();
+        kept.reserve(2 * KEPT); // a clone's scratch starts empty
+        let kth = |kept: &mut Vec<(f32, u32)>| {
+            kept.select_nth_unstable_by(k - 1, |a, b| b.0.total_cmp(&a.0));
+            kept[k - 1].0
+        };
+        for (b, block) in logits.chunks(BLOCK).enumerate() {
+            if self.block_max[b] < floor {
+                continue;
+            }
+            for (j, &l) in block.iter().enumerate() {
+                if l >= floor {
+                    kept.push((l, (b * BLOCK + j) as u32));
+                    if kept.len() == 2 * KEPT {
+                        floor = kth(kept) - margin;
+                        kept.retain(|e| e.0 >= floor);
+                        if kept.len() > KEPT {
+                            return None;
+                        }
+                    }
+                }
+            }
+        }
+        if kept.len() < k {
+            return None;
+        }
+        let lk = kth(kept);
+        if !(prob(lk - margin) < prob(lk)) {
+            return None;
+        }
+        let mut c = 0;
+        for &(l, id) in kept.iter().filter(|e| e.0 >= lk - margin) {
+            self.probs[id as usize] = prob(l);
+            self.idx[c] = id;
+            c += 1;
+        }
+        Some(c)
+    }
+
+    /// Moves the `k` most likely of the ids in `idx[..len]` to `idx[..k]`, sorted most likely
+    /// first (ties: lower id).
+    fn select_top(&mut self, k: usize, len: usize) {
         let probs = &self.probs;
         let order = |a: &u32, b: &u32| {
             probs[*b as usize]
                 .total_cmp(&probs[*a as usize])
                 .then(a.cmp(b))
         };
-        let k = k.min(self.idx.len());
-        if k < self.idx.len() {
-            self.idx.select_nth_unstable_by(k - 1, order);
+        let ids = &mut self.idx[..len];
+        let k = k.min(len);
+        if k < len {
+            ids.select_nth_unstable_by(k - 1, order);
         }
-        self.idx[..k].sort_unstable_by(order);
+        ids[..k].sort_unstable_by(order);
     }
 
     /// Among `idx[..m]`, keeps the shortest most-likely prefix whose mass reaches `mass`. Sorts
@@ -365,7 +468,106 @@ impl Xoshiro256 {
 
 #[cfg(test)]
 mod tests {
-    use super::Xoshiro256;
+    use super::{Sampler, SamplingParams, Xoshiro256};
+
+    /// The k most likely ids by (probability, then lower id), every probability computed.
+    fn naive_top(logits: &[f32], t: f32, k: usize) -> Vec<(u32, f32)> {
+        let max = logits
+            .iter()
+            .copied()
+            .filter(|l| !l.is_nan())
+            .fold(f32::NEG_INFINITY, f32::max);
+        let mut all: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| {
+                let p = if l.is_nan() {
+                    0.0
+                } else {
+                    ((l - max) * (1.0 / t)).exp()
+                };
+                (i as u32, p)
+            })
+            .collect();
+        all.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(k);
+        all
+    }
+
+    #[test]
+    fn top_k_from_candidates_is_the_top_k_of_every_probability() {
+        let mut r = Xoshiro256::seed_from_u64(3);
+        let mut fast = 0;
+        let mut cases = 0;
+        for n in [100usize, 1000, 4097, 70_000, 248_320] {
+            for shape in 0..5 {
+                let logits: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let u = r.next_f64() as f32;
+                        match shape {
+                            0 => 10.0 * u - 5.0,
+                            // Ties everywhere: a few distinct values.
+                            1 => (8.0 * u).floor(),
+                            // NaN and -inf sprinkled, a few far above the rest.
+                            2 if i % 97 == 0 => f32::NAN,
+                            2 if i % 89 == 0 => f32::NEG_INFINITY,
+                            2 if i % 1013 == 0 => 30.0 + u,
+                            // Near-equal values: one ulp apart.
+                            3 => f32::from_bits(1.0f32.to_bits() + (u * 50.0) as u32),
+                            // Sorted rising: the floor rises at every compaction.
+                            4 => i as f32 * 1e-3,
+                            _ => u,
+                        }
+                    })
+                    .collect();
+                for t in [1e-30f32, 0.05, 0.7, 1.0, 4.0, 1e30] {
+                    for k in [1usize, 2, 20, 100, 1500, 2049] {
+                        if k >= n {
+                            continue;
+                        }
+                        let params = SamplingParams {
+                            temperature: t,
+                            top_k: k,
+                            ..Default::default()
+                        };
+                        let mut s = Sampler::new(params, n).expect("params");
+                        s.filter(&logits).expect("finite logits");
+                        let got: Vec<(u32, f32)> = s.idx[..k]
+                            .iter()
+                            .map(|&i| (i, s.probs[i as usize]))
+                            .collect();
+                        let want = naive_top(&logits, t, k);
+                        let same = got.len() == want.len()
+                            && got
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.0 == b.0 && a.1.to_bits() == b.1.to_bits());
+                        assert!(same, "n {n} shape {shape} t {t} k {k}");
+                        // Logits like a model's (a bulk and a few far above it) at the
+                        // usual temperatures and k: the candidates' path must take them.
+                        let usual =
+                            shape == 2 && n == 248_320 && (0.05..=1.0).contains(&t) && k <= 100;
+                        if usual {
+                            cases += 1;
+                            let max = logits
+                                .iter()
+                                .copied()
+                                .filter(|l| !l.is_nan())
+                                .fold(f32::NEG_INFINITY, f32::max);
+                            let prob = |l: f32| ((l - max) * (1.0 / t)).exp();
+                            if s.top_candidates(&logits, k, prob).is_some() {
+                                fast += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            fast, cases,
+            "of the usual cases, {fast} of {cases} took the candidates"
+        );
+    }
 
     #[test]
     fn splitmix_seeding_matches_reference_vector() {
