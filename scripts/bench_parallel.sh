@@ -4,8 +4,11 @@
 #
 # Usage: scripts/bench_parallel.sh BROOK MODEL "SERVE FLAGS" N [ROUNDS] [MAX_TOKENS]
 #   e.g. scripts/bench_parallel.sh target/release/brook ./q36 "--memory-budget 3GiB" 4 2 128
+# VOCAB bounds the prompt ids drawn (default 150000; a tiny model needs less).
 # Prints the machine (CPU model, AVX-512 features), the date and commit, then one line per run
-# from scripts/bench_serve.py (needs the `openai` package).
+# from scripts/bench_serve.py (needs the `openai` package) with the engine's steps over the run
+# from /metrics: tokens a step, and how busy the engine was (the time inside its steps against
+# the run's wall time; the rest went to sampling, text, HTTP and scheduling).
 set -euo pipefail
 brook=$1 model=$2 flags=$3 n=$4 rounds=${5:-2} max=${6:-128}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -24,9 +27,31 @@ for _ in $(seq 900); do
 done
 url=$(grep -o 'http://[0-9.:]*/v1' "$log" | head -1)
 echo "serve --parallel $n $flags at $url"
+# The engine's counters from /metrics: steps, tokens fed, seconds inside steps.
+counters() {
+    python3 - "${url%/v1}/metrics" <<'PY'
+import sys, time, urllib.request
+m = {}
+for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
+    if line and not line.startswith("#"):
+        k, v = line.rsplit(" ", 1)
+        m[k] = float(v)
+print(m.get("brook_engine_steps_total", 0), m.get("brook_engine_tokens_total", 0),
+      m.get("brook_engine_busy_seconds_total", 0), time.time())
+PY
+}
 for _ in $(seq "$rounds"); do
     for c in 1 "$n"; do
-        python3 "$here/bench_serve.py" --base-url "$url" --prompt-tokens 32 \
-            --max-tokens "$max" -r 1 --aggregate --concurrency "$c" | tail -1 | sed "s/^/concurrency $c: /"
+        before=$(counters)
+        line=$(python3 "$here/bench_serve.py" --base-url "$url" --prompt-tokens 32 --vocab "${VOCAB:-150000}" \
+            --max-tokens "$max" -r 1 --aggregate --concurrency "$c" | tail -1)
+        # Tokens a step and how busy the engine was over the run (the rest: sampling,
+        # text, HTTP, scheduling).
+        engine=$(python3 -c 'import sys
+a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
+steps, toks, busy, wall = (y - x for x, y in zip(a, b))
+print(f"{steps:.0f} steps, {toks / max(steps, 1):.1f} tokens a step, engine busy {100 * busy / wall:.0f}% ({1e3 * busy / max(steps, 1):.1f} ms a step)")' \
+            "$before" "$(counters)")
+        echo "concurrency $c: $line; $engine"
     done
 done

@@ -230,6 +230,12 @@ impl Metrics {
             &one(g.engine.steps as f64),
         );
         metric(
+            "engine_busy_seconds_total",
+            "counter",
+            "Time spent inside engine steps; against wall time, how busy the engine was.",
+            &one(g.engine.busy_us as f64 / 1e6),
+        );
+        metric(
             "engine_tokens_total",
             "counter",
             "Tokens the engine fed (prompts and generated).",

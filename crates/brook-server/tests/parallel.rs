@@ -122,6 +122,7 @@ fn parallel_requests_share_steps_and_answer_what_they_answer_alone() {
         .map(|p| content(&post_json(server.addr, CHAT, &body(p, 24, false)).json()))
         .collect();
     let before = metrics(server.addr);
+    let t = std::time::Instant::now();
     let together: Vec<String> = std::thread::scope(|sc| {
         let hs: Vec<_> = PROMPTS
             .iter()
@@ -132,6 +133,7 @@ fn parallel_requests_share_steps_and_answer_what_they_answer_alone() {
             .collect();
         hs.into_iter().map(|h| h.join().expect("client")).collect()
     });
+    let wall = t.elapsed().as_secs_f64();
     assert_eq!(alone, together);
     let after = metrics(server.addr);
     let d = |k: &str| after[k] - before.get(k).copied().unwrap_or(0.0);
@@ -142,6 +144,9 @@ fn parallel_requests_share_steps_and_answer_what_they_answer_alone() {
         steps < 96.0 * 0.75,
         "{steps} steps for 96 tokens: too few shared"
     );
+    // The engine was busy for part of the wall time, never more.
+    let busy = d("brook_engine_busy_seconds_total");
+    assert!(busy > 0.0 && busy <= wall, "engine busy {busy} s of {wall} s");
     assert_eq!(d("brook_requests_total{finish_reason=length}"), 4.0);
     assert_eq!(after["brook_parallel_slots"], 4.0);
     assert_eq!(

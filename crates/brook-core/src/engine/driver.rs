@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
 use crate::engine::{Engine, GivenRoutes, GpuStats, Routing, SeqStep, Step, Trace};
 use crate::error::{Error, Result};
@@ -25,6 +26,10 @@ pub struct EngineStats {
     pub steps: u64,
     /// Tokens fed.
     pub tokens: u64,
+    /// Microseconds spent inside engine steps (from the step's start to its logits on the
+    /// host): against wall time, how busy the engine was; the rest went to sampling, text,
+    /// scheduling and waiting for callers.
+    pub busy_us: u64,
     /// Steps each engine has run over this driver's model (any driver), by engine name: a
     /// test can tell that the engine asked for ran and no other did.
     pub model_steps: Vec<(String, u64)>,
@@ -36,6 +41,7 @@ pub struct Counters {
     calls: AtomicU64,
     steps: AtomicU64,
     tokens: AtomicU64,
+    busy_us: AtomicU64,
 }
 
 impl Counters {
@@ -46,6 +52,7 @@ impl Counters {
             forward_calls: self.calls.load(Ordering::Relaxed),
             steps: self.steps.load(Ordering::Relaxed),
             tokens: self.tokens.load(Ordering::Relaxed),
+            busy_us: self.busy_us.load(Ordering::Relaxed),
             model_steps: model.step_counts(),
         }
     }
@@ -184,7 +191,11 @@ impl<'m> Forward<'m> {
             trace,
             context: self.context,
         };
-        let steps = drive(self.engine.as_mut(), call, out)?;
+        let t = Instant::now();
+        let steps = drive(self.engine.as_mut(), call, out);
+        c.busy_us
+            .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
+        let steps = steps?;
         c.steps.fetch_add(steps, Ordering::Relaxed);
         c.tokens.fetch_add(tokens.len() as u64, Ordering::Relaxed);
         Ok(())
@@ -232,11 +243,15 @@ impl<'m> Forward<'m> {
                     logits: &mut *p.out,
                 })
                 .collect();
+            let t = Instant::now();
             let r = self.engine.step(Step {
                 seqs: &mut seqs,
                 routing: Routing::Router,
                 trace: None,
             });
+            self.counters
+                .busy_us
+                .fetch_add(t.elapsed().as_micros() as u64, Ordering::Relaxed);
             drop(seqs);
             match r {
                 Ok(()) => {
