@@ -15,7 +15,11 @@
 # needs about 45 GB free for the 80B, one model at a time), benchmarks it with every
 # expert resident in GPU memory and streamed under GPU budgets of 2, 4 and 8 GiB, and
 # prints a table per model; with every expert resident it also times batched steps of 1, 2,
-# 4, 8 and 16 sequences (gpu_steps, the engine alone; STEPS_SIZES changes them, "" skips).
+# 4, 8 and 16 sequences (gpu_steps, the engine alone; STEPS_SIZES changes them, "" skips);
+# NCU_SEQS=N adds each kernel's time in a step of N sequences (ncu, graphs off;
+# scripts/ncu_summary.py), SERVE_STREAMS=N the server's aggregate for N streams against one
+# (scripts/bench_parallel.sh, needs the openai module: `pip install --no-index --find-links
+# dist/wheels --target /tmp/py openai` and PYTHONPATH=/tmp/py where nothing can be fetched).
 # BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
 # BUDGETS the budgets (default "resident 8GiB 4GiB 2GiB"), RESULTS_DIR keeps the JSON rows,
 # KEEP_MODEL=1 reuses a container already in WORKDIR (from an earlier run of the same model)
@@ -100,6 +104,26 @@ run)
                 if [ "$budget" = resident ] && [ -x "$b/gpu_steps" ] && [ -n "${STEPS_SIZES-1,2,4,8,16}" ]; then
                     echo "== batched steps $m ($b)"
                     "$b/gpu_steps" "$work/model" "${STEPS_SIZES-1,2,4,8,16}" 20 2>/dev/null || echo "gpu_steps failed ($b)"
+                    if [ -n "${NCU_SEQS:-}" ] && command -v ncu >/dev/null; then
+                        # One metric: ncu replays nothing (more metrics replay every kernel,
+                        # too slow with the model in GPU memory).
+                        echo "== kernels of a step of $NCU_SEQS sequences $m ($b)"
+                        BROOK_CUDA_GRAPHS=0 timeout 300 ncu --cache-control none --clock-control none \
+                            --csv --metrics gpu__time_duration.sum "$b/gpu_steps" "$work/model" \
+                            "$NCU_SEQS" 1 >"$work/ncu.csv" 2>/dev/null &&
+                            python3 scripts/ncu_summary.py "$work/ncu.csv" || echo "ncu failed ($b)"
+                    fi
+                fi
+                if [ "$budget" = resident ] && [ -n "${SERVE_STREAMS:-}" ]; then
+                    # Through the server with the openai client (PYTHONPATH or an installed
+                    # openai; wheels: dist/wheels), SERVE_STREAMS against one, one round.
+                    if python3 -c 'import openai' 2>/dev/null; then
+                        echo "== serve, $SERVE_STREAMS streams against one $m ($b)"
+                        timeout 300 scripts/bench_parallel.sh "$b/brook" "$work/model" "--backend cuda" \
+                            "$SERVE_STREAMS" 1 128 || echo "bench_parallel failed ($b)"
+                    else
+                        echo "no openai module: the serve benchmark is skipped"
+                    fi
                 fi
             done
         done
