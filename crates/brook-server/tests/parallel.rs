@@ -146,7 +146,10 @@ fn parallel_requests_share_steps_and_answer_what_they_answer_alone() {
     );
     // The engine was busy for part of the wall time, never more.
     let busy = d("brook_engine_busy_seconds_total");
-    assert!(busy > 0.0 && busy <= wall, "engine busy {busy} s of {wall} s");
+    assert!(
+        busy > 0.0 && busy <= wall,
+        "engine busy {busy} s of {wall} s"
+    );
     assert_eq!(d("brook_requests_total{finish_reason=length}"), 4.0);
     assert_eq!(after["brook_parallel_slots"], 4.0);
     assert_eq!(

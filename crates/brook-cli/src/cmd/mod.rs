@@ -154,15 +154,19 @@ impl ModelArgs {
                 .transpose()
         };
         let cuda = backend == Backend::Cuda;
+        let gpu_memory_budget = parse(&self.gpu_memory_budget)?;
         Ok(brook_core::model::open::OpenOptions {
             backend,
-            gpu_memory_budget: parse(&self.gpu_memory_budget)?,
+            gpu_memory_budget,
             engine: cuda.then(brook_cuda::engine_maker),
-            // The GPU holds the experts it computes: the host keeps a small cache to stage
-            // them unless told otherwise.
+            // Where the GPU holds every expert, the host keeps a small cache to stage them;
+            // where it can't, host memory is the second tier, sized as the CPU backend sizes
+            // its cache (no --memory-budget: from the cgroup limit and free RAM).
             expert_cache: match (self.expert_cache, cuda && self.memory_budget.is_none()) {
                 (Some(n), _) => Some(n),
-                (None, true) => Some(CUDA_HOST_SLOTS),
+                (None, true) => self
+                    .cuda_fits_gpu(gpu_memory_budget)?
+                    .then_some(CUDA_HOST_SLOTS),
                 (None, false) => None,
             },
             threads: self.threads.first().copied(),
@@ -183,6 +187,25 @@ impl ModelArgs {
             },
             ..Default::default()
         })
+    }
+
+    /// Whether every routed expert of the model is likely to fit in GPU memory beside its
+    /// dense core (a container's sizes against the GPU budget, `budget` or what is free).
+    /// A checkpoint folder counts as fitting: it is loaded whole anyway.
+    fn cuda_fits_gpu(&self, budget: Option<u64>) -> Result<bool> {
+        let path = self.path()?;
+        if !brook_core::container::is_container(&path) {
+            return Ok(true);
+        }
+        let m = brook_core::container::Container::open(&path)?.manifest;
+        let experts: u64 = m
+            .experts
+            .layers
+            .iter()
+            .map(|l| l.stride * m.experts.num_experts as u64)
+            .sum();
+        let gpu = brook_cuda::gpu::Gpu::open(0, budget)?;
+        Ok(fits_gpu(m.dense.size, experts, gpu.budget))
     }
 
     /// The model folder `--model` names (a store name resolved to its container).
@@ -266,8 +289,17 @@ pub fn default_parallel(
 }
 
 /// Host expert slots staging copies to the GPU when --backend cuda runs without a host
-/// budget: enough for a full layer of the largest supported models.
+/// budget and the GPU holds every expert: enough for a full layer of the largest supported
+/// models.
 const CUDA_HOST_SLOTS: usize = 512;
+
+/// Whether a model of `dense` and `experts` bytes fits a GPU budget of `budget` bytes with
+/// room for its sequence states (default `--parallel` keeps them within an eighth of the
+/// budget), the scratch of a prefill chunk and slack (1 GiB): the engine then makes every
+/// expert resident, which it decides exactly once open.
+fn fits_gpu(dense: u64, experts: u64, budget: u64) -> bool {
+    dense + experts + budget / 8 + (1 << 30) <= budget
+}
 
 /// Rates of plain reads of memory, in GB/s, and their summary.
 #[derive(Debug, Clone, Default)]
@@ -405,5 +437,30 @@ impl SamplingArgs {
             p.seed = v;
         }
         p
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fits_gpu;
+
+    #[test]
+    fn the_host_is_a_second_tier_only_where_the_gpu_cannot_hold_every_expert() {
+        const GIB: u64 = 1 << 30;
+        // q36-synth's container: 1.39 GB of dense tensors, 18.12 GB of expert strides.
+        let (dense, experts) = (1_389_560_104, 18_119_393_280);
+        assert!(fits_gpu(dense, experts, 139 * GIB), "an H200 holds the 35B");
+        assert!(
+            fits_gpu(dense, experts, 24 * GIB),
+            "so does a 24 GB card, barely"
+        );
+        assert!(!fits_gpu(dense, experts, 16 * GIB));
+        assert!(
+            !fits_gpu(dense, experts, 8 * GIB),
+            "#30's 35B at 8 GiB streams"
+        );
+        // next80-synth: 44.84 GB in all; 22 GiB of a 24 GB card does not hold it.
+        assert!(!fits_gpu(3_000_000_000, 41_840_000_000, 22 * GIB));
+        assert!(fits_gpu(3_000_000_000, 41_840_000_000, 139 * GIB));
     }
 }
