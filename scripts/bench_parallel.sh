@@ -4,7 +4,8 @@
 #
 # Usage: scripts/bench_parallel.sh BROOK MODEL "SERVE FLAGS" N [ROUNDS] [MAX_TOKENS]
 #   e.g. scripts/bench_parallel.sh target/release/brook ./q36 "--memory-budget 3GiB" 4 2 128
-# VOCAB bounds the prompt ids drawn (default 150000; a tiny model needs less).
+# VOCAB bounds the prompt ids drawn (default 150000; a tiny model needs less). CURL_CHECK=1
+# adds, per run, the same streams through curl (a client that costs next to nothing).
 # Prints the machine (CPU model, AVX-512 features), the date and commit, then one line per run
 # from scripts/bench_serve.py (needs the `openai` package) with the engine's steps over the run
 # from /metrics: tokens a step, and how busy the engine was (the time inside its steps against
@@ -26,6 +27,8 @@ for _ in $(seq 900); do
     sleep 1
 done
 url=$(grep -o 'http://[0-9.:]*/v1' "$log" | head -1)
+model=$(python3 -c 'import json, sys, urllib.request
+print(json.load(urllib.request.urlopen(sys.argv[1] + "/models"))["data"][0]["id"])' "$url")
 echo "serve --parallel $n $flags at $url"
 # The engine's counters from /metrics: steps, tokens fed, seconds inside steps.
 counters() {
@@ -53,5 +56,31 @@ steps, toks, busy, wall = (y - x for x, y in zip(a, b))
 print(f"{steps:.0f} steps, {toks / max(steps, 1):.1f} tokens a step, engine busy {100 * busy / wall:.0f}% ({1e3 * busy / max(steps, 1):.1f} ms a step)")' \
             "$before" "$(counters)")
         echo "concurrency $c: $line; $engine"
+        if [ "${CURL_CHECK:-0}" = 1 ]; then
+            # The same streams through curl, which costs the client next to nothing: where
+            # this is much faster, the Python client was the limit.
+            mapfile -t bodies < <(python3 -c 'import json, random, sys
+r = random.Random(7)
+for _ in range(int(sys.argv[1])):
+    print(json.dumps({"model": sys.argv[2], "max_tokens": int(sys.argv[3]), "temperature": 0,
+                      "stream": True, "ignore_eos": True,
+                      "prompt": [r.randrange(int(sys.argv[4])) for _ in range(32)]}))' \
+                "$c" "$model" "$max" "${VOCAB:-150000}")
+            before=$(counters)
+            t0=$(date +%s.%N)
+            pids=()
+            for body in "${bodies[@]}"; do
+                curl -sN "$url/completions" -H 'content-type: application/json' -d "$body" >/dev/null &
+                pids+=($!)
+            done
+            wait "${pids[@]}"
+            t1=$(date +%s.%N)
+            python3 -c 'import sys
+a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
+wall = float(sys.argv[4]) - float(sys.argv[3]); n = int(sys.argv[5]) * int(sys.argv[6])
+steps, busy = b[0] - a[0], b[2] - a[2]
+print(f"concurrency {sys.argv[5]} (curl): aggregate {n / wall:.2f} tok/s; {steps:.0f} steps, engine busy {100 * busy / wall:.0f}%")' \
+                "$before" "$(counters)" "$t0" "$t1" "$c" "$max"
+        fi
     done
 done
