@@ -330,7 +330,8 @@ impl Sampler {
             return None;
         }
         let lk = kth(kept);
-        if !(prob(lk - margin) < prob(lk)) {
+        // Strictly below (NaN fails too, as it should).
+        if prob(lk - margin).partial_cmp(&prob(lk)) != Some(std::cmp::Ordering::Less) {
             return None;
         }
         let mut c = 0;
