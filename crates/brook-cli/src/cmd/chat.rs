@@ -15,7 +15,7 @@ const HELP: &str = "Commands:
   /reset           forget the conversation
   /system TEXT     set the system prompt (and reset)
   /think [on|off]  toggle thinking (templates with enable_thinking)
-  /stats           speed, tokens and expert-cache counters of the last answer
+  /stats           speed, tokens and each expert tier's counters (GPU slots, host cache) of the last answer
   /save FILE       save the conversation and its state
   /load FILE       restore a saved conversation
   /help            this text
@@ -80,6 +80,7 @@ pub fn run(a: Args) -> Result<()> {
     );
     let mut last: Option<brook_core::session::Completion> = None;
     let mut last_stats = None;
+    let mut last_gpu = None;
     while let Some(line) = input.read()? {
         let text = line.trim();
         if text.is_empty() {
@@ -115,7 +116,15 @@ pub fn run(a: Args) -> Result<()> {
                         ))
                     );
                 }
-                "stats" => print_stats(&ui, last.as_ref(), last_stats, &llm.engine_stats()),
+                "stats" => println!(
+                    "{}",
+                    ui.dim(&stats_line(
+                        last.as_ref(),
+                        last_stats,
+                        last_gpu.as_ref(),
+                        &llm.engine_stats()
+                    ))
+                ),
                 "save" if !arg.is_empty() => match session.save(std::path::Path::new(arg)) {
                     Ok(()) => println!("{}", ui.dim(&format!("(saved to {arg})"))),
                     Err(e) => eprintln!("error: {e}"),
@@ -148,6 +157,7 @@ pub fn run(a: Args) -> Result<()> {
         };
         opts.stop.clone_from(&a.sampling.stop);
         let before = llm.model.experts.stats();
+        let gpu_before = llm.gpu_stats();
         let mut out = std::io::stdout();
         let mut in_reasoning = false;
         let result = session.chat(Message::new("user", text), &opts, &mut |e| {
@@ -184,6 +194,10 @@ pub fn run(a: Args) -> Result<()> {
                     (Some(a), Some(b)) => Some(a.since(&b)),
                     _ => None,
                 };
+                last_gpu = match (llm.gpu_stats(), &gpu_before) {
+                    (Some(a), Some(b)) => Some(a.since(b)),
+                    _ => None,
+                };
                 last = Some(c);
             }
             Err(e) => eprintln!("error: {e}"),
@@ -199,15 +213,16 @@ fn reset(session: &mut Session, system: &Option<String>) {
     }
 }
 
-fn print_stats(
-    ui: &Ui,
+/// The `/stats` line for the last answer: its speeds, then each tier of experts (GPU slots
+/// under `--backend cuda`, the host's cache, the disk's reads), peak memory and the engine.
+fn stats_line(
     last: Option<&brook_core::session::Completion>,
     cache: Option<brook_core::experts::CacheStats>,
+    gpu: Option<&brook_core::engine::GpuStats>,
     engine: &brook_core::engine::EngineStats,
-) {
+) -> String {
     let Some(c) = last else {
-        println!("{}", ui.dim("(no answer yet)"));
-        return;
+        return "(no answer yet)".to_string();
     };
     let u = c.usage;
     let mut s = format!(
@@ -218,9 +233,22 @@ fn print_stats(
         u.completion_tokens,
         u.completion_tokens as f64 / u.decode_s.max(1e-9)
     );
+    if let Some(g) = gpu {
+        if g.resident {
+            s.push_str(&format!("; GPU: every expert resident ({} slots)", g.slots));
+        } else {
+            s.push_str(&format!(
+                "; GPU expert slots hit rate {:.1}% on {} slots, {:.2} GB copied from the host",
+                g.hit_rate() * 100.0,
+                g.slots,
+                g.bytes_copied as f64 / 1e9
+            ));
+        }
+    }
     if let Some(k) = cache {
         s.push_str(&format!(
-            "; expert cache hit rate {:.1}% on {} of {} slots, {:.2} GB read ({:.2} GB/s)",
+            "; {}expert cache hit rate {:.1}% on {} of {} slots, {:.2} GB read ({:.2} GB/s)",
+            if gpu.is_some() { "host " } else { "" },
             k.hit_rate() * 100.0,
             k.slots,
             k.slots_max,
@@ -235,7 +263,7 @@ fn print_stats(
         engine.engine,
         engine.forward_calls
     ));
-    println!("{}", ui.dim(&s));
+    s
 }
 
 /// Reads user turns: rustyline on a terminal, plain lines otherwise.
@@ -309,5 +337,69 @@ impl Input {
             }
         }
         Ok(Some(text))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stats_line;
+    use brook_core::engine::{EngineStats, GpuStats};
+    use brook_core::experts::CacheStats;
+    use brook_core::session::Completion;
+
+    #[test]
+    fn stats_name_each_tier_of_experts() {
+        let mut c = Completion::default();
+        c.usage.prompt_tokens = 10;
+        c.usage.completion_tokens = 5;
+        c.usage.prefill_s = 1.0;
+        c.usage.decode_s = 0.5;
+        let engine = EngineStats::default();
+        let host = CacheStats {
+            hits: 3,
+            misses: 1,
+            slots: 8,
+            slots_max: 16,
+            ..Default::default()
+        };
+        let cpu = stats_line(Some(&c), Some(host), None, &engine);
+        assert!(cpu.contains("answer 5 tokens at 10.00 tok/s"), "{cpu}");
+        assert!(
+            cpu.contains("; expert cache hit rate 75.0% on 8 of 16 slots"),
+            "{cpu}"
+        );
+        let now = GpuStats {
+            slots: 100,
+            hits: 90,
+            misses: 30,
+            bytes_copied: 3_000_000_000,
+            ..Default::default()
+        };
+        let then = GpuStats {
+            hits: 30,
+            misses: 10,
+            bytes_copied: 1_000_000_000,
+            ..now.clone()
+        };
+        let gpu = now.since(&then);
+        let streamed = stats_line(Some(&c), Some(host), Some(&gpu), &engine);
+        assert!(
+            streamed.contains("GPU expert slots hit rate 75.0% on 100 slots, 2.00 GB copied"),
+            "{streamed}"
+        );
+        assert!(
+            streamed.contains("; host expert cache hit rate 75.0%"),
+            "{streamed}"
+        );
+        let resident = GpuStats {
+            resident: true,
+            ..gpu
+        };
+        let all = stats_line(Some(&c), None, Some(&resident), &engine);
+        assert!(
+            all.contains("GPU: every expert resident (100 slots)"),
+            "{all}"
+        );
+        assert_eq!(stats_line(None, None, None, &engine), "(no answer yet)");
     }
 }

@@ -179,6 +179,31 @@ pub struct GpuStats {
     pub h2d_gb_s: f64,
 }
 
+impl GpuStats {
+    /// The counters since `earlier` (a snapshot of the same engine); sizes and bandwidths as
+    /// now.
+    pub fn since(&self, earlier: &GpuStats) -> GpuStats {
+        GpuStats {
+            hits: self.hits.saturating_sub(earlier.hits),
+            misses: self.misses.saturating_sub(earlier.misses),
+            bytes_copied: self.bytes_copied.saturating_sub(earlier.bytes_copied),
+            syncs: self.syncs.saturating_sub(earlier.syncs),
+            batched_steps: self.batched_steps.saturating_sub(earlier.batched_steps),
+            ..self.clone()
+        }
+    }
+
+    /// Experts found in GPU slots / experts asked for (0 when none was asked for).
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+}
+
 /// The model an engine runs: borrowed (tests, benchmarks), or shared with its owner (a
 /// session's `Llm`).
 #[derive(Debug, Clone)]
