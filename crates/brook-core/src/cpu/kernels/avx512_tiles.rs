@@ -405,9 +405,10 @@ pub(super) unsafe fn matvec_rows_tokens(
     rows: Range<usize>,
 ) {
     assert!(a.order == Order::Tiles && matches!(nd, 1 | 3));
-    // Tokens per pass: as many as the registers hold (6 accumulators a token at Split24,
-    // 2 at int8).
-    let per = if nd == 3 { 2 } else { 4 };
+    // Four tokens a pass at either digit count: at Split24 (6 accumulators a token) four
+    // decode each block once where two decoded it twice, and a step of four sequences on
+    // the 35B went 107-114 → 103-106 ms (dev-2c, AVX-512, alternating; docs/BENCH.md).
+    let per = 4;
     let mut tb = rows.start / 16;
     // SAFETY: prefetches only; every address lies inside the matrix's bytes.
     unsafe { warm::<_MM_HINT_T0>(a, tb, rows.end.div_ceil(16)) };
@@ -432,12 +433,12 @@ pub(super) unsafe fn matvec_rows_tokens(
             while t0 + per <= tokens.len() {
                 let tk = &tokens[t0..t0 + per];
                 if nd == 3 {
-                    let v = block_tokens::<3, 2>(
+                    let v = block_tokens::<3, 4>(
                         a,
                         tb,
-                        [tk[0].digits, tk[1].digits],
-                        [tk[0].coef, tk[1].coef],
-                        [tk[0].sums, tk[1].sums],
+                        std::array::from_fn(|i| tk[i].digits),
+                        std::array::from_fn(|i| tk[i].coef),
+                        std::array::from_fn(|i| tk[i].sums),
                     );
                     for (v, t) in v.into_iter().zip(tk) {
                         store(v, t.y);
