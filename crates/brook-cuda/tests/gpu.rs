@@ -375,6 +375,44 @@ impl MoeCase {
             sm: [sm[0], sm[1], sm[2]],
         }
     }
+
+    /// The decode form of the MoE for `tokens` tokens: SwiGLU in the gate/up launch, the
+    /// downs and the weighted sum in the second. Device pointers: x [tokens, h], the picks
+    /// `sel` and their weights `wts` [tokens, k], the shared experts' gates `sgs` floats
+    /// apart. Returns the outputs [tokens, h].
+    #[allow(clippy::too_many_arguments)]
+    fn decode(
+        &self,
+        g: &Arc<Gpu>,
+        k: usize,
+        tokens: usize,
+        x: u64,
+        sel: u64,
+        wts: u64,
+        sg: u64,
+        sgs: usize,
+    ) -> Vec<f32> {
+        let [pg, pu, pd] = &self.placed;
+        let (h, i, is) = (
+            pd.mat.rows as usize,
+            pg.mat.rows as usize,
+            self.sm[0].rows as usize,
+        );
+        let hd = g.zeros(tokens * k * i * 4, "h").expect("h");
+        let hsd = g.zeros(tokens * is * 4, "hs").expect("hs");
+        let out = g.upload(&vec![f32::NAN; tokens * h], "out").expect("out");
+        let tab = self.tab.ptr;
+        let shared = [self.sm[0], self.sm[1]];
+        ops::qmv_experts(
+            g, pg.mat, pu.mat, tab, sel, k, k as i32, shared, true, tokens, x, hd.ptr, hsd.ptr,
+        )
+        .expect("gate/up");
+        ops::moe_down(
+            g, pd.mat, tab, sel, wts, k, self.sm[2], sg, hd.ptr, hsd.ptr, out.ptr, tokens, sgs,
+        )
+        .expect("down");
+        out.read().expect("read")
+    }
 }
 
 fn silu(v: f32) -> f32 {
@@ -471,31 +509,7 @@ fn one_token_moe_kernels_match_the_reference() {
         }
         for tc in [true, false] {
             g.use_tensor_cores(tc);
-            let hd = g.zeros(k * i * 4, "h").expect("h");
-            let hsd = g.zeros(is * 4, "hs").expect("hs");
-            let out = g.upload(&vec![f32::NAN; h], "out").expect("out");
-            ops::qmv_experts(
-                &g,
-                pg.mat,
-                pu.mat,
-                tab.ptr,
-                seld.ptr,
-                k,
-                k as i32,
-                [sm[0], sm[1]],
-                true,
-                1,
-                xd.ptr,
-                hd.ptr,
-                hsd.ptr,
-            )
-            .expect("gate/up");
-            ops::moe_down(
-                &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr, out.ptr,
-                1, 0,
-            )
-            .expect("down");
-            let got: Vec<f32> = out.read().expect("read");
+            let got = case.decode(&g, k, 1, xd.ptr, seld.ptr, wd.ptr, sgd.ptr, 0);
             let err = rel_l2(&got, &want);
             assert!(
                 err < 1e-5,

@@ -80,8 +80,8 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             float: DType::BF16,
         };
         let case = MoeCase::new(&g, &mut rng, fmt, h, i, is);
-        let (tab, sm, e) = (&case.tab, case.sm, case.experts.len());
-        let [pg, pu, pd] = &case.placed;
+        let (sm, e) = (case.sm, case.experts.len());
+        let [pg, _, pd] = &case.placed;
         assert_eq!(
             tc_shapes,
             ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&pg.mat, 8)
@@ -104,69 +104,19 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
         );
         for tc in [true, false] {
             g.use_tensor_cores(tc);
-            let hd = g.zeros(tokens * k * i * 4, "h").expect("h");
-            let hsd = g.zeros(tokens * is * 4, "hs").expect("hs");
-            let out = g.upload(&vec![f32::NAN; tokens * h], "out").expect("out");
-            ops::qmv_experts(
-                &g,
-                pg.mat,
-                pu.mat,
-                tab.ptr,
-                seld.ptr,
-                k,
-                k as i32,
-                [sm[0], sm[1]],
-                true,
-                tokens,
-                xd.ptr,
-                hd.ptr,
-                hsd.ptr,
-            )
-            .expect("gate/up");
-            ops::moe_down(
-                &g, pd.mat, tab.ptr, seld.ptr, wd.ptr, k, sm[2], sgd.ptr, hd.ptr, hsd.ptr, out.ptr,
-                tokens, sgs,
-            )
-            .expect("down");
-            let got: Vec<f32> = out.read().expect("read");
+            let got = case.decode(&g, k, tokens, xd.ptr, seld.ptr, wd.ptr, sgd.ptr, sgs);
             for t in 0..tokens {
                 let one = |b: &brook_cuda::gpu::DevBuf, n: usize| b.ptr + (t * n * 4) as u64;
-                let hd1 = g.zeros(k * i * 4, "h").expect("h");
-                let hs1 = g.zeros(is * 4, "hs").expect("hs");
-                let out1 = g.upload(&vec![f32::NAN; h], "out").expect("out");
-                ops::qmv_experts(
+                let want = case.decode(
                     &g,
-                    pg.mat,
-                    pu.mat,
-                    tab.ptr,
-                    one(&seld, k),
                     k,
-                    k as i32,
-                    [sm[0], sm[1]],
-                    true,
                     1,
                     one(&xd, h),
-                    hd1.ptr,
-                    hs1.ptr,
-                )
-                .expect("gate/up");
-                ops::moe_down(
-                    &g,
-                    pd.mat,
-                    tab.ptr,
                     one(&seld, k),
                     one(&wd, k),
-                    k,
-                    sm[2],
                     one(&sgd, sgs),
-                    hd1.ptr,
-                    hs1.ptr,
-                    out1.ptr,
-                    1,
                     0,
-                )
-                .expect("down");
-                let want: Vec<f32> = out1.read().expect("read");
+                );
                 assert!(
                     same_bits(&got[t * h..(t + 1) * h], &want),
                     "{bits}-bit g{group} tc {tc}: token {t} differs from its own launch"
