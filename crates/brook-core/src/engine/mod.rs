@@ -195,12 +195,7 @@ impl GpuStats {
 
     /// Experts found in GPU slots / experts asked for (0 when none was asked for).
     pub fn hit_rate(&self) -> f64 {
-        let n = self.hits + self.misses;
-        if n == 0 {
-            0.0
-        } else {
-            self.hits as f64 / n as f64
-        }
+        crate::experts::cache::hit_rate(self.hits, self.misses)
     }
 }
 

@@ -31,6 +31,12 @@ use crate::experts::slots::SlotBufs;
 use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource, ExpertView};
 use crate::routing::replay::{REUSE_CLASSES, Uses};
 
+/// hits / (hits + misses), 0 when nothing was asked for: the rate of any tier of experts.
+pub fn hit_rate(hits: u64, misses: u64) -> f64 {
+    let n = hits + misses;
+    if n == 0 { 0.0 } else { hits as f64 / n as f64 }
+}
+
 /// Counters of the cache, cumulative since open. Take two snapshots to get a token's share.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct CacheStats {
@@ -74,12 +80,7 @@ impl CacheStats {
     /// a prefetch or an earlier request; one still being read counts, as it needs no new
     /// read) / experts asked for. Prefetches are neither hits nor misses.
     pub fn hit_rate(&self) -> f64 {
-        let n = self.hits + self.misses;
-        if n == 0 {
-            0.0
-        } else {
-            self.hits as f64 / n as f64
-        }
+        hit_rate(self.hits, self.misses)
     }
 
     /// Achieved read bandwidth while reads were in flight, GB/s.
