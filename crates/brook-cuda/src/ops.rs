@@ -267,7 +267,9 @@ pub fn qmv_experts(
     let per = nvec as i32;
     let ny = (nvec * tokens) as u32;
     let sms = g.sms.max(1) as usize;
+    // The three kernels' arguments start alike: the matrices, the slot table, the picks.
     let mut a = Args::new();
+    a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
     let tc_bytes = tc_smem(m1.cols as usize, 1) + tc_part_bytes(4);
     if swiglu && tc_all(g, &[m1, m2, shared[0], shared[1]], 8) && tc_bytes <= g.max_smem as usize {
         // Tiles of 8 gate and 8 up rows, four warps a block, up to four blocks per SM.
@@ -278,13 +280,7 @@ pub fn qmv_experts(
         let bx = tiles
             .div_ceil(4 / split)
             .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;
-        a.arg(m1)
-            .arg(m2)
-            .arg(tab)
-            .arg(sel)
-            .arg(nsel as i32)
-            .arg(per);
-        a.arg(shared[0]).arg(shared[1]).arg(split as i32);
+        a.arg(per).arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
         let grid = (bx, ny, 1);
         return g.launch(g.k.swiglu_tc, grid, 128, tc_bytes as u32, &mut a);
@@ -293,23 +289,21 @@ pub fn qmv_experts(
     if swiglu {
         // Two gate and two up rows per warp step.
         let bx = blocks_for(sms, m1.rows as usize, 2, nvec * tokens);
-        a.arg(m1)
-            .arg(m2)
-            .arg(tab)
-            .arg(sel)
-            .arg(nsel as i32)
-            .arg(per);
-        a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
+        a.arg(per)
+            .arg(shared[0])
+            .arg(shared[1])
+            .arg(x)
+            .arg(y)
+            .arg(ys);
         return g.launch(g.k.qmv_swiglu, (bx, ny, 1), 256, smem, &mut a);
     }
     let bx = blocks_for(sms, rows, 1, nvec);
-    a.arg(m1)
-        .arg(m2)
-        .arg(tab)
-        .arg(sel)
-        .arg(nsel as i32)
-        .arg(xdiv);
-    a.arg(shared[0]).arg(shared[1]).arg(x).arg(y).arg(ys);
+    a.arg(xdiv)
+        .arg(shared[0])
+        .arg(shared[1])
+        .arg(x)
+        .arg(y)
+        .arg(ys);
     g.launch(g.k.qmv_sel, (bx, nvec as u32, 1), 256, smem, &mut a)
 }
 
