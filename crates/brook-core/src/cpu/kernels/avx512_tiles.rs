@@ -408,7 +408,7 @@ pub(super) unsafe fn matvec_rows_tokens(
     // Four tokens a pass at either digit count: at Split24 (6 accumulators a token) four
     // decode each block once where two decoded it twice, and a step of four sequences on
     // the 35B went 107-114 → 103-106 ms (dev-2c, AVX-512, alternating; docs/BENCH.md).
-    let per = 4;
+    const PER: usize = 4;
     let mut tb = rows.start / 16;
     // SAFETY: prefetches only; every address lies inside the matrix's bytes.
     unsafe { warm::<_MM_HINT_T0>(a, tb, rows.end.div_ceil(16)) };
@@ -430,32 +430,22 @@ pub(super) unsafe fn matvec_rows_tokens(
         let mut t0 = 0;
         // SAFETY: as the caller promised for every token.
         unsafe {
-            while t0 + per <= tokens.len() {
-                let tk = &tokens[t0..t0 + per];
-                if nd == 3 {
-                    let v = block_tokens::<3, 4>(
-                        a,
-                        tb,
-                        std::array::from_fn(|i| tk[i].digits),
-                        std::array::from_fn(|i| tk[i].coef),
-                        std::array::from_fn(|i| tk[i].sums),
-                    );
-                    for (v, t) in v.into_iter().zip(tk) {
-                        store(v, t.y);
-                    }
+            while t0 + PER <= tokens.len() {
+                let tk: &[TokenRows; PER] = tokens[t0..t0 + PER].try_into().expect("PER tokens");
+                let (digits, coef, sums) = (
+                    tk.each_ref().map(|t| t.digits),
+                    tk.each_ref().map(|t| t.coef),
+                    tk.each_ref().map(|t| t.sums),
+                );
+                let v = if nd == 3 {
+                    block_tokens::<3, PER>(a, tb, digits, coef, sums)
                 } else {
-                    let v = block_tokens::<1, 4>(
-                        a,
-                        tb,
-                        std::array::from_fn(|i| tk[i].digits),
-                        std::array::from_fn(|i| tk[i].coef),
-                        std::array::from_fn(|i| tk[i].sums),
-                    );
-                    for (v, t) in v.into_iter().zip(tk) {
-                        store(v, t.y);
-                    }
+                    block_tokens::<1, PER>(a, tb, digits, coef, sums)
+                };
+                for (v, t) in v.into_iter().zip(tk) {
+                    store(v, t.y);
                 }
-                t0 += per;
+                t0 += PER;
             }
             for t in &tokens[t0..] {
                 let v = if nd == 3 {
