@@ -135,7 +135,7 @@ print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:
 for r in rows:
     g = r.get("gpu") or {}
     lim = g.get("limit_tok_s", 0) or 1e-9
-    print(f'| {r["build"]} | {r["model"]} | {g.get("budget_bytes",0)/2**30:.1f} GiB | {g.get("slots")}{" (all)" if g.get("resident") else ""} | {r["pp_tok_s"]:.1f} | {r["ttft_s"]:.3f} | {r["tg_tok_s"]:.1f} | {100*g.get("hit_rate",0):.1f}% | {g.get("bytes_copied_per_token",0)/1e9:.3f} | {g.get("syncs_per_token",0):.1f} | {g.get("hbm_gb_s",0):.0f} | {g.get("h2d_gb_s",0):.1f} | {r["disk_bw_gb_s"]:.2f} | {lim:.1f} | {100*r["tg_tok_s"]/lim:.0f}% | {r["peak_rss_bytes"]/1e9:.2f} |')
+    print(f'| {r["build"]} | {r["model"]} | {g.get("budget_bytes",0)/2**30:.1f} GiB | {g.get("slots")}{" (all)" if g.get("resident") else ""}{" +%d mapped" % g["mapped"] if g.get("mapped") else ""} | {r["pp_tok_s"]:.1f} | {r["ttft_s"]:.3f} | {r["tg_tok_s"]:.1f} | {100*g.get("hit_rate",0):.1f}% | {g.get("bytes_copied_per_token",0)/1e9:.3f} | {g.get("syncs_per_token",0):.1f} | {g.get("hbm_gb_s",0):.0f} | {g.get("h2d_gb_s",0):.1f} | {r["disk_bw_gb_s"]:.2f} | {lim:.1f} | {100*r["tg_tok_s"]/lim:.0f}% | {r["peak_rss_bytes"]/1e9:.2f} |')
 PY
         [ -n "${RESULTS_DIR:-}" ] && cp "$rows" "$RESULTS_DIR/"
     done

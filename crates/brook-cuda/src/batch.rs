@@ -58,16 +58,16 @@ impl BatchBufs {
 
 impl CudaModel {
     /// Whether [`CudaModel::step_batch`] takes a step of one token from each of these
-    /// sequences: two or more, and every expert resident.
+    /// sequences: two or more, and every expert at a fixed address (resident or mapped).
     pub(crate) fn batchable(&self, n: usize) -> bool {
-        n >= 2 && self.batch.is_some() && self.experts.resident
+        n >= 2 && self.batch.is_some() && self.experts.fixed
     }
 
     /// Runs a step's parts of one token and its small chunks (those a sequence alone runs a
     /// token at a time, [`crate::CudaOptions::small_chunk`]) as rounds of batched steps:
     /// round r takes token r of every such part that has one, so each token meets the
     /// kernels it meets alone. Longer chunks run one at a time. `Ok(false)`: nothing ran,
-    /// as fewer than two parts could share a round or not every expert is resident.
+    /// as fewer than two parts could share a round or the experts stream.
     pub(crate) fn step_rounds(&mut self, seqs: &mut [SeqStep<'_>]) -> Result<bool> {
         let small = self.opts.small_chunk.max(1);
         let wise = |s: &SeqStep<'_>| s.tokens.len() <= small;
@@ -431,8 +431,8 @@ impl CudaModel {
             .arg(s.sel.ptr)
             .arg(s.wts.ptr);
         g.launch(g.k.topk, (n as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
+        let tab = self.experts.table_for(layer, s.sel.ptr, n * k)?;
         let m = self.experts.mats[layer].clone();
-        let tab = self.experts.table_of(layer);
         let sg = s.rlog.ptr + (e * 4) as u64;
         if !ops::moe_down_fits(&m.down, &l.shared_down, k) {
             let shared = [l.shared_gate, l.shared_up, Mat::NONE, Mat::NONE];

@@ -256,11 +256,11 @@ impl CudaModel {
         };
         self.gpu
             .launch(kernel, (t as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
+        let tab = self.experts.table_for(layer, sel, t * k)?;
         let m = self.experts.mats[layer].clone();
-        let tab = self.experts.table_of(layer);
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
         let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
-        if t == 1 && !self.experts.resident {
+        if t == 1 && !self.experts.fixed {
             // Replayed routes too are read back from the GPU, as the router's would be, so a
             // replay waits as a real routing does.
             let mut ids = vec![0i32; k];
@@ -344,7 +344,7 @@ impl CudaModel {
                 0,
                 &mut a,
             )?;
-            let batches: Vec<Vec<usize>> = if self.experts.resident {
+            let batches: Vec<Vec<usize>> = if self.experts.fixed {
                 vec![Vec::new()]
             } else {
                 let mut c = vec![0i32; e];
@@ -357,7 +357,7 @@ impl CudaModel {
                     .collect()
             };
             for ids in &batches {
-                if !self.experts.resident {
+                if !self.experts.fixed {
                     self.experts.prepare(&self.model, layer, ids)?;
                 }
                 ops::qmm(

@@ -98,6 +98,31 @@ impl Pinned {
         })
     }
 
+    /// Page-locked host memory mapped into the GPU's address space: kernels read it over
+    /// PCIe at [`Pinned::device_ptr`].
+    pub fn new_mapped(gpu: &Arc<Gpu>, bytes: usize) -> Result<Pinned> {
+        gpu.bind()?;
+        // SAFETY: a plain page-locked allocation, freed in Drop.
+        let ptr = unsafe { result::malloc_host(bytes.max(64), sys::CU_MEMHOSTALLOC_DEVICEMAP) }
+            .map_err(|e| err("allocating mapped pinned host memory", e))?
+            as *mut u8;
+        Ok(Pinned {
+            gpu: gpu.clone(),
+            ptr,
+            bytes,
+        })
+    }
+
+    /// The GPU's address of this memory (allocated by [`Pinned::new_mapped`]).
+    pub fn device_ptr(&self) -> Result<u64> {
+        let mut d: sys::CUdeviceptr = 0;
+        // SAFETY: ptr is a live page-locked allocation of this context.
+        unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, self.ptr as *mut c_void, 0) }
+            .result()
+            .map_err(|e| err("mapping pinned host memory into the GPU", e))?;
+        Ok(d)
+    }
+
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: ptr holds `bytes` bytes owned by self.
         unsafe { std::slice::from_raw_parts(self.ptr, self.bytes) }

@@ -1,17 +1,22 @@
-//! Routed experts in GPU memory: a slot arena, a per-layer table of slot addresses the
-//! kernels index by expert id, and (when not every expert fits) a least-frequently-used
-//! cache over the slots, filled from the host's expert source through pinned staging
-//! buffers by asynchronous copies.
+//! Routed experts for the GPU: a slot arena, a per-layer table of expert addresses the
+//! kernels index by expert id, and one of three arrangements:
 //!
-//! The table a launch sees lists exactly the experts that launch computes: every expert when
-//! all are resident (written once), else the experts of the current batch (written before
-//! each launch). Eviction counts survive eviction; ties go to the least recently used; the
-//! experts of the batch being loaded are never evicted by it.
+//! - **resident**: every expert has a slot; the table is written once.
+//! - **mapped**: the experts without a slot live in page-locked host memory mapped into the
+//!   GPU's address space, and the table points at them there: the kernels read them over
+//!   PCIe as they compute, so the table is written once, a decode step needs no host
+//!   round trip and replays as a CUDA graph. The host's bytes come out of the host budget.
+//! - **streamed** (the host budget can't hold the rest): a least-frequently-used cache over
+//!   the slots, filled from the host's expert source through pinned staging buffers by
+//!   asynchronous copies; the table lists exactly the experts of the current batch (written
+//!   before each launch). Eviction counts survive eviction; ties go to the least recently
+//!   used; the experts of the batch being loaded are never evicted by it.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Instant;
 
+use brook_core::experts::budget::fmt_bytes;
 use brook_core::model::Model;
 use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
@@ -33,14 +38,27 @@ pub struct ExpertMats {
 pub struct GpuCacheStats {
     pub hits: u64,
     pub misses: u64,
-    /// Bytes copied into GPU slots.
+    /// Bytes copied into GPU slots, and where mapped the expert bytes the kernels read from
+    /// host memory.
     pub bytes: u64,
     /// Seconds the host spent waiting for expert bytes and staging them.
     pub load_s: f64,
 }
 
+/// The gathering of a step's mapped experts into GPU memory.
+#[derive(Debug)]
+struct Gather {
+    /// Slots for `picks` picks.
+    scratch: DevBuf,
+    picks: usize,
+    /// [experts] addresses of the current layer's picks.
+    step: DevBuf,
+}
+
 const NONE: u32 = u32::MAX;
 const STAGING: usize = 8;
+/// Bytes of one page-locked host allocation of the mapped tier.
+const HOST_CHUNK: usize = 1 << 30;
 
 /// The expert slots of one GPU.
 #[derive(Debug)]
@@ -49,9 +67,19 @@ pub struct GpuExperts {
     pub mats: Vec<ExpertMats>,
     pub slot_bytes: usize,
     pub nslots: usize,
-    /// Every expert has a slot and the table never changes.
+    /// Every expert has a slot.
     pub resident: bool,
+    /// Experts read from mapped host memory (0 unless mapped).
+    pub mapped: usize,
+    /// Every expert has an address (resident or mapped) and the table never changes.
+    pub fixed: bool,
     arena: DevBuf,
+    /// The mapped host tier: chunks of `per_chunk` expert images.
+    host: Vec<Pinned>,
+    /// Where mapped: how often each (layer, expert) was picked, counted on the GPU.
+    picks: Option<DevBuf>,
+    /// Where mapped: GPU slots a step's picks are gathered into from host memory.
+    gather: Option<Gather>,
     /// [layers · experts] slot addresses (0: not in this launch).
     pub table: DevBuf,
     experts: usize,
@@ -107,18 +135,38 @@ pub fn layouts(model: &Model) -> Result<(Vec<ExpertMats>, usize)> {
     Ok((mats, slot))
 }
 
+/// Host bytes the mapped tier takes for `nslots` GPU slots of `slot_bytes` among `total`
+/// experts.
+pub fn mapped_bytes(total: usize, nslots: usize, slot_bytes: usize) -> u64 {
+    (total.saturating_sub(nslots) * slot_bytes) as u64
+}
+
 impl GpuExperts {
-    /// `nslots` slots of `slot_bytes`; with a slot for every expert, loads them all now.
+    /// `nslots` slots of `slot_bytes`. With a slot for every expert, loads them all now; else,
+    /// where `host_bytes` of page-locked host memory hold the rest, loads those there
+    /// (mapped) and an even share of every layer's experts into the slots, with room to
+    /// gather the mapped ones of a step of up to `picks` picks into GPU memory.
     pub fn new(
         gpu: &Arc<Gpu>,
         model: &Model,
         mats: Vec<ExpertMats>,
         slot_bytes: usize,
         nslots: usize,
+        host_bytes: Option<u64>,
+        picks: usize,
     ) -> Result<GpuExperts> {
         let cfg = &model.cfg;
         let total = cfg.num_hidden_layers * cfg.num_experts;
         let nslots = nslots.min(total);
+        let need = mapped_bytes(total, nslots, slot_bytes);
+        let mapped = nslots < total && host_bytes.is_some_and(|b| need <= b);
+        if nslots < total && !mapped {
+            tracing::warn!(
+                "the GPU holds {nslots} of {total} experts and the host budget ({}) not the other {}: experts stream through the host a layer at a time (slower); raise --memory-budget to at least that much more than the dense core",
+                host_bytes.map_or("none".into(), fmt_bytes),
+                fmt_bytes(need)
+            );
+        }
         let arena = gpu.alloc(nslots * slot_bytes, "expert slots")?;
         let table = gpu.zeros(total * 8, "expert table")?;
         let mut staging = Vec::with_capacity(STAGING);
@@ -133,7 +181,12 @@ impl GpuExperts {
             slot_bytes,
             nslots,
             resident: nslots == total,
+            mapped: 0,
+            fixed: nslots == total || mapped,
             arena,
+            host: Vec::new(),
+            picks: None,
+            gather: None,
             table,
             experts: cfg.num_experts,
             slot_of: vec![NONE; total],
@@ -161,8 +214,145 @@ impl GpuExperts {
                 .collect();
             me.table.write(&addrs)?;
             gpu.sync()?;
+        } else if mapped {
+            me.load_mapped(model)?;
+            me.gather = Some(Gather {
+                scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
+                picks,
+                step: gpu.zeros(cfg.num_experts * 8, "gathered expert table")?,
+            });
         }
         Ok(me)
+    }
+
+    /// The mapped arrangement: layer l's first share of the slots' experts into GPU slots,
+    /// the rest into mapped host memory, and the table written once.
+    fn load_mapped(&mut self, model: &Model) -> Result<()> {
+        let (layers, e) = (model.cfg.num_hidden_layers, self.experts);
+        let total = layers * e;
+        let per_chunk = (HOST_CHUNK / self.slot_bytes).max(1);
+        let n = total - self.nslots;
+        let t = Instant::now();
+        for c in 0..n.div_ceil(per_chunk) {
+            let m = per_chunk.min(n - c * per_chunk);
+            self.host
+                .push(Pinned::new_mapped(&self.gpu, m * self.slot_bytes)?);
+        }
+        let bases: Vec<u64> = self
+            .host
+            .iter()
+            .map(|p| p.device_ptr())
+            .collect::<Result<_>>()?;
+        let mut addrs = vec![0u64; total];
+        let mut next = 0usize;
+        let per = model.experts.capacity().clamp(1, e);
+        for l in 0..layers {
+            // An even share of the slots for every layer: the synthetic and real routers
+            // spread a token's picks over every layer alike.
+            let on_gpu = self.nslots * (l + 1) / layers - self.nslots * l / layers;
+            let gpu_ids: Vec<usize> = (0..on_gpu).collect();
+            for ids in gpu_ids.chunks(per) {
+                self.load(model, l, ids)?;
+            }
+            for &x in &gpu_ids {
+                let s = self.slot_of[l * e + x];
+                addrs[l * e + x] = self.arena.ptr + s as u64 * self.slot_bytes as u64;
+            }
+            let m = self.mats[l].clone();
+            let host_ids: Vec<usize> = (on_gpu..e).collect();
+            for ids in host_ids.chunks(per) {
+                let handles = model.experts.fetch(l, ids)?;
+                for (&x, h) in ids.iter().zip(&handles) {
+                    h.wait()?;
+                    let v = h.view();
+                    let (c, i) = (next / per_chunk, next % per_chunk);
+                    next += 1;
+                    let img = &mut self.host[c].as_mut_slice()
+                        [i * self.slot_bytes..(i + 1) * self.slot_bytes];
+                    copy_into(&v.gate_proj, &m.place[0], img);
+                    copy_into(&v.up_proj, &m.place[1], img);
+                    copy_into(&v.down_proj, &m.place[2], img);
+                    addrs[l * e + x] = bases[c] + (i * self.slot_bytes) as u64;
+                }
+            }
+        }
+        self.mapped = next;
+        self.table.write(&addrs)?;
+        self.picks = Some(self.gpu.zeros(total * 4, "expert pick counts")?);
+        self.gpu.sync()?;
+        tracing::info!(
+            "experts: {} in GPU slots, {next} ({}) in mapped host memory, loaded in {:.1} s",
+            self.nslots,
+            fmt_bytes((next * self.slot_bytes) as u64),
+            t.elapsed().as_secs_f64()
+        );
+        Ok(())
+    }
+
+    /// The table the products of `layer` read for the `n` picks at `sel` (the top-k kernel's
+    /// output). Where mapped, counts the picks on the GPU (the hits and misses a mapped step
+    /// can't see on the host), and for a step of at most the gather's picks first copies
+    /// the mapped ones into GPU memory, whose table this then is.
+    pub fn table_for(&self, layer: usize, sel: u64, n: usize) -> Result<u64> {
+        let tab = self.table_of(layer);
+        let (Some(g), Some(p)) = (&self.gather, &self.picks) else {
+            return Ok(tab);
+        };
+        let counts = p.ptr + (layer * self.experts * 4) as u64;
+        if n > g.picks {
+            self.count_picks(sel, n, counts)?;
+            return Ok(tab);
+        }
+        let img = self.mats[layer].place[2].end;
+        let mut a = crate::gpu::Args::new();
+        a.arg(tab)
+            .arg(self.arena.ptr)
+            .arg(self.arena.ptr + self.arena.bytes as u64)
+            .arg(sel)
+            .arg(n as i32)
+            .arg(g.scratch.ptr)
+            .arg(self.slot_bytes as i32)
+            .arg(img as i32)
+            .arg(g.step.ptr)
+            .arg(counts);
+        // About 4,096 16-byte pieces a block (27 blocks an expert of the 35B): a few dozen
+        // blocks keep PCIe at its full rate (50 GB/s on the H200 host).
+        let parts = (img / 16).div_ceil(4096).clamp(1, 64) as u32;
+        self.gpu
+            .launch(self.gpu.k.gather_mapped, (parts, n as u32, 1), 256, 0, &mut a)?;
+        Ok(g.step.ptr)
+    }
+
+    /// Counts the `n` picks at `sel` into `counts`.
+    fn count_picks(&self, sel: u64, n: usize, counts: u64) -> Result<()> {
+        let mut a = crate::gpu::Args::new();
+        a.arg(sel).arg(n as i32).arg(counts);
+        self.gpu.launch(
+            self.gpu.k.moe_count,
+            ((n as u32).div_ceil(256), 1, 1),
+            256,
+            0,
+            &mut a,
+        )
+    }
+
+    /// Hits, misses and the expert bytes read from host memory so far: the host cache's
+    /// counters, or where mapped the GPU's pick counts (read back, a synchronisation).
+    pub fn counters(&self) -> Result<GpuCacheStats> {
+        let Some(p) = &self.picks else {
+            return Ok(self.stats);
+        };
+        let picks: Vec<u32> = p.read()?;
+        let mut c = self.stats;
+        for (k, &n) in picks.iter().enumerate() {
+            if self.slot_of[k] != NONE {
+                c.hits += n as u64;
+            } else {
+                c.misses += n as u64;
+                c.bytes += n as u64 * self.mats[k / self.experts].place[2].end as u64;
+            }
+        }
+        Ok(c)
     }
 
     /// Address of the table slice of `layer`.
@@ -173,7 +363,7 @@ impl GpuExperts {
     /// Makes experts `ids` of `layer` resident (at most `nslots`, distinct) and, unless every
     /// expert is resident, points the layer's table at exactly these.
     pub fn prepare(&mut self, model: &Model, layer: usize, ids: &[usize]) -> Result<()> {
-        if self.resident {
+        if self.fixed {
             return Ok(());
         }
         if ids.len() > self.nslots {

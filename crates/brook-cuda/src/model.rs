@@ -49,6 +49,12 @@ pub struct CudaOptions {
     /// Most sequences a step takes (several decoded tokens run as one batched step where
     /// every expert is resident, batch.rs).
     pub max_seqs: usize,
+    /// Host memory budget (bytes) within which the engine may keep the experts the GPU
+    /// can't hold in page-locked host memory, mapped so the kernels read them over PCIe with
+    /// no host round trip; it counts what the process holds already and the host expert
+    /// cache's slots. `None`, or too little for them all: they stream through the host's
+    /// expert cache a layer at a time.
+    pub host_budget: Option<u64>,
 }
 
 impl Default for CudaOptions {
@@ -62,6 +68,7 @@ impl Default for CudaOptions {
             graphs: true,
             small_chunk: SMALL_CHUNK,
             max_seqs: 1,
+            host_budget: None,
         }
     }
 }
@@ -135,7 +142,11 @@ impl CudaModel {
                 };
                 let reserve = seqs * DeviceSeq::bytes(&cfg, opts.context) + batch + (64 << 20);
                 let left = gpu.budget.saturating_sub(gpu.used() + reserve);
-                let n = (left / slot_bytes as u64) as usize;
+                let mut n = (left / slot_bytes as u64) as usize;
+                if n < total {
+                    // Room to gather a step's picks from host memory, should they be mapped.
+                    n = n.saturating_sub(k * opts.max_seqs);
+                }
                 if n < k {
                     let need = gpu.used() + reserve + (k * slot_bytes) as u64;
                     let states = if seqs > 1 {
@@ -153,7 +164,25 @@ impl CudaModel {
                 n.min(total)
             }
         };
-        let experts = GpuExperts::new(&gpu, &model, mats, slot_bytes, nslots)?;
+        // What the host budget leaves for mapped experts: less what the process holds now
+        // (the host's dense copy among it), what the host cache's slots may take, and 1 GiB.
+        let host = opts.host_budget.map(|b| {
+            // A source holding every expert already (a checkpoint) is in the process's size.
+            let cap = model.experts.capacity();
+            let cache = if cap >= total {
+                0
+            } else {
+                (cap * slot_bytes) as u64
+            };
+            b.saturating_sub(
+                brook_core::experts::budget::rss()
+                    .0
+                    .saturating_add(cache)
+                    .saturating_add(1 << 30),
+            )
+        });
+        let picks = k * opts.max_seqs;
+        let experts = GpuExperts::new(&gpu, &model, mats, slot_bytes, nslots, host, picks)?;
         tracing::info!(
             "CUDA on {} (sm_{}{}, {} SMs): {} of GPU memory in use, {} expert slots of {}{}",
             gpu.name,
@@ -164,9 +193,11 @@ impl CudaModel {
             experts.nslots,
             fmt_bytes(slot_bytes as u64),
             if experts.resident {
-                " (every expert resident)"
+                " (every expert resident)".to_string()
+            } else if experts.mapped > 0 {
+                format!(" (the other {} experts in mapped host memory)", experts.mapped)
             } else {
-                ""
+                String::new()
             }
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
@@ -194,8 +225,8 @@ impl CudaModel {
     }
 
     /// Expert cache counters.
-    pub fn cache_stats(&self) -> GpuCacheStats {
-        self.experts.stats
+    pub fn cache_stats(&self) -> Result<GpuCacheStats> {
+        self.experts.counters()
     }
 
     pub(crate) fn cfg(&self) -> &ModelConfig {
@@ -235,7 +266,7 @@ impl CudaModel {
             .ok_or_else(|| Error::Invalid("lost the GPU state".into()))?;
         let replaying = self.given.as_ref().is_some_and(|g| g.on);
         let graphed = self.graphs
-            && self.experts.resident
+            && self.experts.fixed
             && t == 1
             && matches!(want, Logits::Last)
             && !replaying;
@@ -513,13 +544,21 @@ impl Engine for CudaModel {
     }
 
     fn gpu_stats(&self) -> Option<GpuStats> {
-        let c = self.experts.stats;
+        let c = match self.experts.counters() {
+            Ok(c) => c,
+            Err(e) => {
+                // The next step reports the GPU's failure; the counters fall back to the host's.
+                tracing::warn!("reading the GPU's expert pick counts: {e}");
+                self.experts.stats
+            }
+        };
         Some(GpuStats {
             device: self.gpu.name.clone(),
             budget_bytes: self.gpu.budget,
             used_bytes: self.gpu.used(),
             slots: self.experts.nslots,
             resident: self.experts.resident,
+            mapped: self.experts.mapped,
             hits: c.hits,
             misses: c.misses,
             bytes_copied: c.bytes,
@@ -555,6 +594,9 @@ pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
         max_chunk: o.prefill_chunk.clamp(1, MAX_CHUNK),
         context: o.context.max(1),
         max_seqs: o.max_seqs.clamp(1, MAX_SEQS),
+        host_budget: o
+            .memory_budget
+            .or_else(brook_core::experts::budget::automatic_budget),
         ..Default::default()
     }
 }

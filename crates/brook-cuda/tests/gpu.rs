@@ -710,8 +710,20 @@ fn output_is_identical_for_every_gpu_cache_size() {
         let cfg = &model.cfg;
         let total = cfg.num_hidden_layers * cfg.num_experts;
         let tokens = Reference::open(name).ids("tokens");
-        let run = |slots: Option<usize>, graphs: bool| {
-            let mut g = cuda(&model, slots, 16);
+        // `host`: a host budget for mapped experts (None: they stream a layer at a time).
+        let run = |slots: Option<usize>, graphs: bool, host: Option<u64>| {
+            let mut g = CudaModel::new(
+                model.clone(),
+                CudaOptions {
+                    expert_slots: slots,
+                    max_chunk: 16,
+                    context: 256,
+                    small_chunk: 0,
+                    host_budget: host,
+                    ..Default::default()
+                },
+            )
+            .expect("cuda model");
             g.graphs = graphs;
             let mut st = model.new_state();
             let mut out = g
@@ -721,210 +733,44 @@ fn output_is_identical_for_every_gpu_cache_size() {
             for &t in &tokens[..4] {
                 out.extend_from_slice(g.forward(&mut st, &[t], Logits::Last).expect("decode"));
             }
-            (out, g.cache_stats(), g.experts.resident)
+            let stats = g.cache_stats().expect("stats");
+            (out, stats, g.experts.resident, g.experts.mapped)
         };
-        let (all, _, resident) = run(None, true);
+        let (all, _, resident, _) = run(None, true, None);
         assert!(resident, "the default budget holds a fixture's experts");
-        let (plain, _, _) = run(None, false);
+        let (plain, _, _, _) = run(None, false, None);
+        let same = |got: &[f32]| got.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits());
         assert!(
-            plain
-                .iter()
-                .zip(&all)
-                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            same(&plain),
             "{name}: decoding through CUDA graphs changed the output"
         );
         for slots in [cfg.num_experts_per_tok, total / 2, total] {
-            let (got, stats, _) = run(Some(slots), true);
-            assert!(
-                got.iter()
-                    .zip(&all)
-                    .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{name}: {slots} slots changed the output"
-            );
+            let (got, stats, _, _) = run(Some(slots), true, None);
+            assert!(same(&got), "{name}: {slots} slots changed the output");
             if slots < total {
                 assert!(stats.misses > 0 && stats.bytes > 0, "{name}: {stats:?}");
             }
+            // The experts without a slot in mapped host memory, graphs on and off.
+            for graphs in [true, false] {
+                let (got, stats, _, mapped) = run(Some(slots), graphs, Some(64 << 30));
+                assert_eq!(mapped, total - slots, "{name}: {slots} slots, mapped");
+                assert!(
+                    same(&got),
+                    "{name}: {slots} slots and mapped host experts (graphs {graphs}) changed the output"
+                );
+                if slots < total {
+                    assert!(stats.misses > 0 && stats.bytes > 0, "{name}: {stats:?}");
+                }
+                if slots == total / 2 {
+                    assert!(stats.hits > 0, "{name}: {stats:?}");
+                }
+            }
         }
+        // A host budget too small for the rest streams them instead.
+        let (got, _, _, mapped) = run(Some(total / 2), true, Some(0));
+        assert_eq!(mapped, 0);
+        assert!(same(&got), "{name}: streamed after a small host budget");
     }
-}
-
-#[test]
-fn device_states_clone_download_and_continue_on_the_cpu() {
-    if gpu().is_none() {
-        return;
-    }
-    let model = Arc::new(Model::open(&fixture("qwen35-q4")).expect("open"));
-    let tokens = Reference::open("qwen35-q4").ids("tokens");
-    let (a, b) = tokens.split_at(tokens.len() / 2);
-    let mut g = cuda(&model, None, 256);
-    let mut st = model.new_state();
-    g.forward(&mut st, a, Logits::None).expect("gpu prefill");
-    // A snapshot on the device, continued on the GPU; the original continued on the CPU.
-    let mut snap = st.clone();
-    let gpu_next = g.forward(&mut snap, b, Logits::Last).expect("gpu").to_vec();
-    st.sync_host().expect("download");
-    assert!(st.device.is_none());
-    let cpu_next = model.forward(&mut st, b, Logits::Last, None).expect("cpu");
-    let e = rel_l2(&gpu_next, &cpu_next);
-    assert!(e < 2e-5, "GPU state continued on the CPU differs: {e}");
-}
-
-#[test]
-fn a_full_context_is_an_error_not_a_crash() {
-    if gpu().is_none() {
-        return;
-    }
-    let model = Arc::new(Model::open(&fixture("next-q4")).expect("open"));
-    let mut g = CudaModel::new(
-        model.clone(),
-        CudaOptions {
-            context: 8,
-            ..Default::default()
-        },
-    )
-    .expect("cuda");
-    let mut st = model.new_state();
-    let e = g
-        .forward(&mut st, &[1; 9], Logits::Last)
-        .expect_err("9 tokens in a context of 8");
-    assert!(e.to_string().contains("context"), "{e}");
-}
-
-#[test]
-fn a_budget_too_small_names_the_minimum() {
-    if gpu().is_none() {
-        return;
-    }
-    let model = Arc::new(Model::open(&fixture("next-q4")).expect("open"));
-    let e = CudaModel::new(
-        model,
-        CudaOptions {
-            gpu_memory_budget: Some(64 << 10),
-            ..Default::default()
-        },
-    )
-    .expect_err("64 KiB");
-    assert!(e.to_string().contains("budget"), "{e}");
-}
-
-/// Random weights at the real models' head sizes (DeltaNet heads of 128, attention heads of
-/// 256), from a container streamed through a small host cache and a small GPU cache: every
-/// kernel at those sizes, on random inputs, against the reference pass.
-#[test]
-fn real_head_sizes_from_a_streamed_container_match_the_reference() {
-    use brook_core::container::repack::repack;
-    use brook_core::model::open::OpenOptions;
-    use brook_core::synth::{SynthModel, preset_config};
-    if gpu().is_none() {
-        return;
-    }
-    let mut cfg = preset_config("tiny").expect("tiny");
-    let t = &mut cfg["text_config"];
-    t["linear_key_head_dim"] = serde_json::json!(128);
-    t["linear_value_head_dim"] = serde_json::json!(128);
-    t["head_dim"] = serde_json::json!(256);
-    let store = SynthModel::from_config("tiny", cfg, 4, 3).expect("synth");
-    let dir = tempfile::tempdir().expect("tmp");
-    let out = dir.path().join("c");
-    repack(&store.repack_source(), &out, &mut |_| {}).expect("repack");
-    let opts = OpenOptions {
-        expert_cache: Some(32),
-        ..Default::default()
-    };
-    let model = Arc::new(Model::open_with(&out, &opts).expect("open"));
-    let mut rng = Rng::new(11);
-    let tokens: Vec<u32> = (0..70).map(|_| (rng.next_u64() % 4096) as u32).collect();
-    let want = model
-        .forward(&mut model.new_state(), &tokens, Logits::All, None)
-        .expect("reference");
-    for slots in [None, Some(24)] {
-        let mut g = cuda(&model, slots, 32);
-        let mut st = model.new_state();
-        let (p, d) = tokens.split_at(60);
-        let mut got = g
-            .forward(&mut st, p, Logits::All)
-            .expect("prefill")
-            .to_vec();
-        for &tok in d {
-            got.extend_from_slice(g.forward(&mut st, &[tok], Logits::All).expect("decode"));
-        }
-        let e = rel_l2(&got, &want);
-        eprintln!("real head sizes, slots {slots:?}: rel err {e:.2e}");
-        assert!(e < 2e-5, "slots {slots:?}: {e}");
-    }
-}
-
-/// Regression test for "one door to the forward pass": a session opened with the CUDA
-/// backend computed on the CPU's f32 reference pass. Now it runs the CUDA engine and no
-/// other, and its greedy tokens equal the reference engine's.
-#[test]
-fn sessions_with_backend_cuda_run_the_cuda_engine_and_no_other() {
-    use brook_core::model::open::{Backend, OpenOptions};
-    use brook_core::session::{GenOptions, Llm};
-    use brook_core::text::{Message, SamplingParams};
-    if gpu().is_none() {
-        return;
-    }
-    let dir = tempfile::tempdir().expect("tmp");
-    let path = common::chat_model(dir.path());
-    let open = |backend| {
-        let o = OpenOptions {
-            backend,
-            context: 1024,
-            engine: (backend == Backend::Cuda).then(brook_cuda::engine_maker),
-            ..Default::default()
-        };
-        Arc::new(Llm::open(&path, o).expect("open"))
-    };
-    let opts = GenOptions {
-        sampling: Some(SamplingParams::default()),
-        max_tokens: Some(6),
-        enable_thinking: Some(false),
-        ignore_eos: true,
-        ..Default::default()
-    };
-    let ask = |llm: &Arc<Llm>| {
-        let mut s = llm.session();
-        s.chat(
-            Message::new("user", "Which engine runs?"),
-            &opts,
-            &mut |_| {},
-        )
-        .expect("chat")
-        .tokens
-    };
-    let cuda = open(Backend::Cuda);
-    let tokens = ask(&cuda);
-    let st = cuda.engine_stats();
-    assert_eq!(st.engine, "cuda");
-    // The prompt in two calls (split at the snapshot point), then one per generated token.
-    assert_eq!(st.forward_calls, 2 + 6, "{st:?}");
-    assert_eq!(
-        st.model_steps,
-        vec![("cuda".to_string(), st.steps)],
-        "{st:?}"
-    );
-    let reference = open(Backend::Reference);
-    assert_eq!(ask(&reference), tokens);
-    // A second turn restores the snapshot taken at the end of the first turn's messages (a
-    // copy of the GPU state holding only its used KV rows) and continues from there.
-    let two_turns = |llm: &Arc<Llm>| {
-        let mut s = llm.session();
-        let mut out = Vec::new();
-        for q in ["Which engine runs?", "And now?"] {
-            let c = s
-                .chat(Message::new("user", q), &opts, &mut |_| {})
-                .expect("chat");
-            out.push((c.tokens, c.usage.cached_tokens));
-        }
-        out
-    };
-    let on_gpu = two_turns(&cuda);
-    assert!(
-        on_gpu[1].1 > 0,
-        "the second turn reused no state: {on_gpu:?}"
-    );
-    assert_eq!(on_gpu, two_turns(&reference));
 }
 
 /// A routing trace's tokens from `at` on, given to a call's tokens in order.
@@ -997,14 +843,30 @@ fn a_replayed_routing_gives_the_cpus_logits_on_the_gpu_resident_and_streamed() {
         )
         .expect("cpu");
         let want = run(&mut cpu);
-        for slots in [None, Some(k), Some(layers * k)] {
-            let mut g = cuda(&model, slots, 4);
+        let streamed = [None, Some(k), Some(layers * k)].map(|s| (s, None));
+        let mapped = (Some(layers * k), Some(64u64 << 30));
+        for (slots, host) in streamed.into_iter().chain([mapped]) {
+            let mut g = CudaModel::new(
+                model.clone(),
+                CudaOptions {
+                    expert_slots: slots,
+                    max_chunk: 4,
+                    context: 256,
+                    small_chunk: 0,
+                    host_budget: host,
+                    ..Default::default()
+                },
+            )
+            .expect("cuda model");
+            assert_eq!(g.experts.mapped > 0, host.is_some());
             let got = run(&mut g);
             let err = rel_l2(&got, &want);
-            eprintln!("{name}, {slots:?} slots: replayed logits vs the CPU {err:.2e}");
+            eprintln!(
+                "{name}, {slots:?} slots, host {host:?}: replayed logits vs the CPU {err:.2e}"
+            );
             assert!(err < 2e-5, "{name} {slots:?}: {err}");
             if slots.is_some() {
-                let s = g.cache_stats();
+                let s = g.cache_stats().expect("stats");
                 assert!(s.misses > 0, "{name}: streamed experts were read");
             }
         }

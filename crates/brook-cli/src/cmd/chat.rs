@@ -236,6 +236,14 @@ fn stats_line(
     if let Some(g) = gpu {
         if g.resident {
             s.push_str(&format!("; GPU: every expert resident ({} slots)", g.slots));
+        } else if g.mapped > 0 {
+            s.push_str(&format!(
+                "; GPU expert slots hit rate {:.1}% on {} slots, the other {} experts in mapped host memory, {:.2} GB read from it",
+                g.hit_rate() * 100.0,
+                g.slots,
+                g.mapped,
+                g.bytes_copied as f64 / 1e9
+            ));
         } else {
             s.push_str(&format!(
                 "; GPU expert slots hit rate {:.1}% on {} slots, {:.2} GB copied from the host",

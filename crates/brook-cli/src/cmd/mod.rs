@@ -159,15 +159,16 @@ impl ModelArgs {
             backend,
             gpu_memory_budget,
             engine: cuda.then(brook_cuda::engine_maker),
-            // Where the GPU holds every expert, the host keeps a small cache to stage them;
-            // where it can't, host memory is the second tier, sized as the CPU backend sizes
-            // its cache (no --memory-budget: from the cgroup limit and free RAM).
-            expert_cache: match (self.expert_cache, cuda && self.memory_budget.is_none()) {
-                (Some(n), _) => Some(n),
-                (None, true) => self
-                    .cuda_fits_gpu(gpu_memory_budget)?
+            // Where the GPU holds every expert, or the host budget holds the ones it can't
+            // (the engine keeps those in mapped host memory), the host keeps a small cache to
+            // stage them; otherwise that cache is the second tier, sized as the CPU backend
+            // sizes its own (no --memory-budget: from the cgroup limit and free RAM).
+            expert_cache: match self.expert_cache {
+                Some(n) => Some(n),
+                None if cuda => self
+                    .cuda_host_stages(gpu_memory_budget, parse(&self.memory_budget)?)?
                     .then_some(CUDA_HOST_SLOTS),
-                (None, false) => None,
+                None => None,
             },
             threads: self.threads.first().copied(),
             memory_budget: parse(&self.memory_budget)?,
@@ -189,10 +190,12 @@ impl ModelArgs {
         })
     }
 
-    /// Whether every routed expert of the model is likely to fit in GPU memory beside its
-    /// dense core (a container's sizes against the GPU budget, `budget` or what is free).
-    /// A checkpoint folder counts as fitting: it is loaded whole anyway.
-    fn cuda_fits_gpu(&self, budget: Option<u64>) -> Result<bool> {
+    /// Whether the host's expert cache only stages experts for the GPU: every routed expert
+    /// of the model is likely to fit in GPU memory beside its dense core, or the host budget
+    /// (`host`, else the automatic one) holds the ones that don't (a container's sizes
+    /// against the GPU budget, `gpu` or what is free). A checkpoint folder counts as
+    /// fitting: it is loaded whole anyway.
+    fn cuda_host_stages(&self, gpu: Option<u64>, host: Option<u64>) -> Result<bool> {
         let path = self.path()?;
         if !brook_core::container::is_container(&path) {
             return Ok(true);
@@ -204,8 +207,11 @@ impl ModelArgs {
             .iter()
             .map(|l| l.stride * m.experts.num_experts as u64)
             .sum();
-        let gpu = brook_cuda::gpu::Gpu::open(0, budget)?;
-        Ok(fits_gpu(m.dense.size, experts, gpu.budget))
+        let stride = m.experts.layers.iter().map(|l| l.stride).max().unwrap_or(0);
+        let gpu = brook_cuda::gpu::Gpu::open(0, gpu)?.budget;
+        let host = host.or_else(brook_core::experts::budget::automatic_budget);
+        Ok(fits_gpu(m.dense.size, experts, gpu)
+            || host.is_some_and(|h| host_maps(m.dense.size, experts, stride, gpu, h)))
     }
 
     /// The model folder `--model` names (a store name resolved to its container).
@@ -299,6 +305,16 @@ const CUDA_HOST_SLOTS: usize = 512;
 /// expert resident, which it decides exactly once open.
 fn fits_gpu(dense: u64, experts: u64, budget: u64) -> bool {
     dense + experts + budget / 8 + (1 << 30) <= budget
+}
+
+/// Whether a host budget of `host` bytes holds, beside the dense core's host copy, the
+/// staging cache ([`CUDA_HOST_SLOTS`] of `stride`) and 2 GiB of slack, the experts (of
+/// `experts` bytes) a GPU budget of `gpu` bytes leaves out, as the CUDA engine keeps them in
+/// mapped host memory (it decides exactly once open: this only sizes the host cache).
+fn host_maps(dense: u64, experts: u64, stride: u64, gpu: u64, host: u64) -> bool {
+    let on_gpu = gpu.saturating_sub(dense + gpu / 8 + (1 << 30));
+    let rest = experts.saturating_sub(on_gpu);
+    dense + rest + CUDA_HOST_SLOTS as u64 * stride + (2 << 30) <= host
 }
 
 /// Rates of plain reads of memory, in GB/s, and their summary.
@@ -442,7 +458,7 @@ impl SamplingArgs {
 
 #[cfg(test)]
 mod tests {
-    use super::fits_gpu;
+    use super::{fits_gpu, host_maps};
 
     #[test]
     fn the_host_is_a_second_tier_only_where_the_gpu_cannot_hold_every_expert() {
@@ -462,5 +478,24 @@ mod tests {
         // next80-synth: 44.84 GB in all; 22 GiB of a 24 GB card does not hold it.
         assert!(!fits_gpu(3_000_000_000, 41_840_000_000, 22 * GIB));
         assert!(fits_gpu(3_000_000_000, 41_840_000_000, 139 * GIB));
+    }
+
+    #[test]
+    fn host_memory_holds_what_the_gpu_cannot_where_the_budget_allows() {
+        const GIB: u64 = 1 << 30;
+        let (dense, experts, stride) = (1_389_560_104, 18_119_393_280, 1_769_472);
+        // #30's rows: the 35B at 8 GiB of GPU memory on a 128 GiB host, the 80B at 22 GiB
+        // with 48 GiB of host memory.
+        assert!(host_maps(dense, experts, stride, 8 * GIB, 100 * GIB));
+        assert!(host_maps(
+            3_000_000_000,
+            41_840_000_000,
+            1_702_000,
+            22 * GIB,
+            48 * GIB
+        ));
+        // A 16 GiB laptop with an 8 GiB card can't keep the 35B's other 12 GB: it streams.
+        assert!(!host_maps(dense, experts, stride, 8 * GIB, 14 * GIB));
+        assert!(!host_maps(dense, experts, stride, 0, 16 * GIB));
     }
 }

@@ -165,9 +165,13 @@ pub struct GpuStats {
     pub slots: usize,
     /// Every expert has a slot.
     pub resident: bool,
+    /// Experts the kernels read from mapped host memory (the host tier, no host round trip).
+    #[serde(default)]
+    pub mapped: usize,
     pub hits: u64,
     pub misses: u64,
-    /// Expert bytes copied from the host into GPU slots.
+    /// Expert bytes copied from the host into GPU slots, and the expert bytes the kernels
+    /// read from mapped host memory.
     pub bytes_copied: u64,
     /// Host waits on the GPU.
     pub syncs: u64,

@@ -153,6 +153,42 @@ extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, i
     topk_write(t, K, norm, id, w, sel, wts);
 }
 
+// Experts in mapped host memory, gathered before the products read them: pick j (of n) whose
+// table entry lies outside the GPU's slot arena [lo, hi) has its image copied over PCIe into
+// slot j of `scratch` (by the first pick of that expert only), in streaming 16-byte pieces
+// that keep the link busy, where the products' own scattered reads of host memory do not.
+// step[e] then says where each picked expert is on the GPU; counts[e] counts the picks.
+// Grid (parts, n).
+extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, u64 hi,
+                                         const int* __restrict__ sel, int n, u64 scratch,
+                                         int slot_bytes, int img_bytes, u64* __restrict__ step,
+                                         int* __restrict__ counts) {
+    PDL_SYNC();
+    int j = blockIdx.y;
+    int e = sel[j];
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&counts[e], 1);
+    u64 src = table[e];
+    bool on_gpu = src >= lo && src < hi;
+    if (!on_gpu)
+        for (int i = 0; i < j; i++)
+            if (sel[i] == e) return;
+    u64 dst = scratch + (u64)j * slot_bytes;
+    if (blockIdx.x == 0 && threadIdx.x == 0) step[e] = on_gpu ? src : dst;
+    if (on_gpu) return;
+    const uint4* __restrict__ s = (const uint4*)src;
+    uint4* __restrict__ d = (uint4*)dst;
+    int m = (img_bytes + 15) / 16, stride = gridDim.x * blockDim.x;
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    for (; i + 3 * stride < m; i += 4 * stride) {
+        uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
+        d[i] = a;
+        d[i + stride] = b;
+        d[i + 2 * stride] = c;
+        d[i + 3 * stride] = w;
+    }
+    for (; i < m; i += stride) d[i] = s[i];
+}
+
 // Grouping of (token, k) pairs by expert for the grouped prefill kernels.
 extern "C" __global__ void moe_count(const int* __restrict__ sel, int n, int* __restrict__ counts) {
     PDL_SYNC();

@@ -206,6 +206,25 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         let mut fw = Forward::new(cuda_seqs(model, 4));
         let together = run(&mut fw, true);
         assert_same_bits(&single, &together, &format!("{name} against max_seqs 1"));
+        // Half the experts in mapped host memory: batched steps gather theirs to the GPU.
+        let total = model.cfg.num_hidden_layers * model.cfg.num_experts;
+        let mapped = CudaModel::new(
+            model.clone(),
+            CudaOptions {
+                max_chunk: CHUNK,
+                context: 64,
+                max_seqs: 4,
+                expert_slots: Some(total / 2),
+                host_budget: Some(64 << 30),
+                ..Default::default()
+            },
+        )
+        .expect("mapped");
+        assert_eq!(mapped.experts.mapped, total - total / 2, "{name}");
+        let mut fw = Forward::new(mapped);
+        let got = run(&mut fw, true);
+        assert_same_bits(&single, &got, &format!("{name} with mapped experts"));
+        assert!(fw.gpu_stats().expect("gpu stats").batched_steps >= 5);
     }
 }
 

@@ -164,8 +164,12 @@ pub struct GpuRow {
     pub used_bytes: u64,
     pub slots: usize,
     pub resident: bool,
+    /// Experts in mapped host memory, which the kernels read over PCIe.
+    #[serde(default)]
+    pub mapped: usize,
     pub hit_rate: f64,
-    /// Expert bytes copied host → GPU per decoded token.
+    /// Expert bytes copied host → GPU per decoded token (where mapped: read over PCIe by
+    /// the kernels).
     pub bytes_copied_per_token: f64,
     /// Host waits on the GPU per decoded token.
     pub syncs_per_token: f64,
@@ -503,6 +507,7 @@ fn run_one(a: &Args) -> Result<Row> {
                 used_bytes: g.used_bytes,
                 slots: g.slots,
                 resident: g.resident,
+                mapped: g.mapped,
                 hit_rate: if n == 0 {
                     1.0
                 } else {

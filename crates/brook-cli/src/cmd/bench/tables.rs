@@ -31,11 +31,16 @@ pub(super) fn print_tables(rows: &[Row]) {
         for r in rows {
             if let Some(g) = &r.gpu {
                 println!(
-                    "| {} | {} | {}{} | {:.1} | {:.3} | {:.1} ± {:.1} | {:.1}% | {:.3} | {:.1} | {:.0} | {:.1} | {:.0} | {:.0}% |",
+                    "| {} | {} | {}{}{} | {:.1} | {:.3} | {:.1} ± {:.1} | {:.1}% | {:.3} | {:.1} | {:.0} | {:.1} | {:.0} | {:.0}% |",
                     r.model,
                     fmt_bytes(g.budget_bytes),
                     g.slots,
                     if g.resident { " (all)" } else { "" },
+                    if g.mapped > 0 {
+                        format!(" (+{} mapped)", g.mapped)
+                    } else {
+                        String::new()
+                    },
                     r.pp_tok_s,
                     r.ttft_s,
                     r.tg_tok_s,
