@@ -318,8 +318,13 @@ impl GpuExperts {
         // About 4,096 16-byte pieces a block (27 blocks an expert of the 35B): a few dozen
         // blocks keep PCIe at its full rate (50 GB/s on the H200 host).
         let parts = (img / 16).div_ceil(4096).clamp(1, 64) as u32;
-        self.gpu
-            .launch(self.gpu.k.gather_mapped, (parts, n as u32, 1), 256, 0, &mut a)?;
+        self.gpu.launch(
+            self.gpu.k.gather_mapped,
+            (parts, n as u32, 1),
+            256,
+            0,
+            &mut a,
+        )?;
         Ok(g.step.ptr)
     }
 

@@ -195,7 +195,10 @@ impl CudaModel {
             if experts.resident {
                 " (every expert resident)".to_string()
             } else if experts.mapped > 0 {
-                format!(" (the other {} experts in mapped host memory)", experts.mapped)
+                format!(
+                    " (the other {} experts in mapped host memory)",
+                    experts.mapped
+                )
             } else {
                 String::new()
             }

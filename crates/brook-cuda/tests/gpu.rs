@@ -739,7 +739,11 @@ fn output_is_identical_for_every_gpu_cache_size() {
         let (all, _, resident, _) = run(None, true, None);
         assert!(resident, "the default budget holds a fixture's experts");
         let (plain, _, _, _) = run(None, false, None);
-        let same = |got: &[f32]| got.iter().zip(&all).all(|(a, b)| a.to_bits() == b.to_bits());
+        let same = |got: &[f32]| {
+            got.iter()
+                .zip(&all)
+                .all(|(a, b)| a.to_bits() == b.to_bits())
+        };
         assert!(
             same(&plain),
             "{name}: decoding through CUDA graphs changed the output"
