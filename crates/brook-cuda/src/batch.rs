@@ -431,7 +431,7 @@ impl CudaModel {
             .arg(s.sel.ptr)
             .arg(s.wts.ptr);
         g.launch(g.k.topk, (n as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
-        let tab = self.experts.table_for(layer, s.sel.ptr, n * k)?;
+        let tab = self.experts.table_for(layer, s.sel.ptr, n * k, false)?;
         let m = self.experts.mats[layer].clone();
         let sg = s.rlog.ptr + (e * 4) as u64;
         if !ops::moe_down_fits(&m.down, &l.shared_down, k) {

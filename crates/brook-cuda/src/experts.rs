@@ -43,6 +43,8 @@ pub struct GpuCacheStats {
     pub bytes: u64,
     /// Seconds the host spent waiting for expert bytes and staging them.
     pub load_s: f64,
+    /// Mapped picks a prefetch had already gathered (not copied again).
+    pub prefetch_used: u64,
 }
 
 /// The gathering of a step's mapped experts into GPU memory.
@@ -53,6 +55,23 @@ struct Gather {
     picks: usize,
     /// [experts] addresses of the current layer's picks.
     step: DevBuf,
+    /// The prefetch of a layer's guessed picks (top-k), beside its mixer.
+    guess: Guess,
+}
+
+/// Buffers of a prefetch: its input, router logits, picks, weights, slots, and the table
+/// and counts its gather writes (unread: the step's own gather writes the real ones; in
+/// `counts[layer]` the steps count the mapped picks they found prefetched, after those
+/// [layers · experts] the prefetches their guesses).
+#[derive(Debug)]
+pub struct Guess {
+    pub normed: DevBuf,
+    pub logits: DevBuf,
+    pub sel: DevBuf,
+    pub wts: DevBuf,
+    scratch: DevBuf,
+    step: DevBuf,
+    counts: DevBuf,
 }
 
 const NONE: u32 = u32::MAX;
@@ -83,6 +102,9 @@ pub struct GpuExperts {
     /// [layers · experts] slot addresses (0: not in this launch).
     pub table: DevBuf,
     experts: usize,
+    /// Picks a token makes per layer (top-k).
+    k: usize,
+    layers: usize,
     slot_of: Vec<u32>,
     owner: Vec<usize>,
     freq: Vec<u32>,
@@ -189,6 +211,8 @@ impl GpuExperts {
             gather: None,
             table,
             experts: cfg.num_experts,
+            k: cfg.num_experts_per_tok,
+            layers: cfg.num_hidden_layers,
             slot_of: vec![NONE; total],
             owner: vec![usize::MAX; nslots],
             freq: vec![0; total],
@@ -216,10 +240,20 @@ impl GpuExperts {
             gpu.sync()?;
         } else if mapped {
             me.load_mapped(model)?;
+            let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
             me.gather = Some(Gather {
                 scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
                 picks,
-                step: gpu.zeros(cfg.num_experts * 8, "gathered expert table")?,
+                step: gpu.zeros(e * 8, "gathered expert table")?,
+                guess: Guess {
+                    normed: gpu.alloc(cfg.hidden_size * 4, "prefetch input")?,
+                    logits: gpu.alloc(e * 4, "prefetch router logits")?,
+                    sel: gpu.zeros(k * 4, "prefetch picks")?,
+                    wts: gpu.alloc(k * 4, "prefetch weights")?,
+                    scratch: gpu.alloc(k * slot_bytes, "prefetched experts")?,
+                    step: gpu.alloc(e * 8, "prefetch table")?,
+                    counts: gpu.zeros((cfg.num_hidden_layers + total) * 4, "prefetch counts")?,
+                },
             });
         }
         Ok(me)
@@ -293,7 +327,7 @@ impl GpuExperts {
     /// output). Where mapped, counts the picks on the GPU (the hits and misses a mapped step
     /// can't see on the host), and for a step of at most the gather's picks first copies
     /// the mapped ones into GPU memory, whose table this then is.
-    pub fn table_for(&self, layer: usize, sel: u64, n: usize) -> Result<u64> {
+    pub fn table_for(&self, layer: usize, sel: u64, n: usize, prefetched: bool) -> Result<u64> {
         let tab = self.table_of(layer);
         let (Some(g), Some(p)) = (&self.gather, &self.picks) else {
             return Ok(tab);
@@ -303,18 +337,64 @@ impl GpuExperts {
             self.count_picks(sel, n, counts)?;
             return Ok(tab);
         }
+        let npref = if prefetched { self.k } else { 0 };
+        self.gather(layer, sel, n, &g.scratch, &g.step, counts, &g.guess, npref)?;
+        Ok(g.step.ptr)
+    }
+
+    /// The prefetch's buffers, where the experts are mapped.
+    pub fn guess(&self) -> Option<&Guess> {
+        self.gather.as_ref().map(|g| &g.guess)
+    }
+
+    /// Gathers the mapped ones of the guessed picks of `layer` ([`Guess::sel`], top-k) into the
+    /// prefetch's slots (queued wherever launches go now: the side stream).
+    pub fn prefetch(&self, layer: usize) -> Result<()> {
+        let Some(g) = &self.gather else {
+            return Ok(());
+        };
+        let q = &g.guess;
+        self.gather(
+            layer,
+            q.sel.ptr,
+            self.k,
+            &q.scratch,
+            &q.step,
+            q.counts.ptr + ((self.layers + layer * self.experts) * 4) as u64,
+            q,
+            0,
+        )
+    }
+
+    /// One launch of `gather_mapped` (routing.cu) for the `n` picks at `sel`.
+    #[allow(clippy::too_many_arguments)]
+    fn gather(
+        &self,
+        layer: usize,
+        sel: u64,
+        n: usize,
+        scratch: &DevBuf,
+        step: &DevBuf,
+        counts: u64,
+        guess: &Guess,
+        npref: usize,
+    ) -> Result<()> {
         let img = self.mats[layer].place[2].end;
         let mut a = crate::gpu::Args::new();
-        a.arg(tab)
+        a.arg(self.table_of(layer))
             .arg(self.arena.ptr)
             .arg(self.arena.ptr + self.arena.bytes as u64)
             .arg(sel)
             .arg(n as i32)
-            .arg(g.scratch.ptr)
+            .arg(scratch.ptr)
             .arg(self.slot_bytes as i32)
             .arg(img as i32)
-            .arg(g.step.ptr)
-            .arg(counts);
+            .arg(step.ptr)
+            .arg(counts)
+            .arg(guess.sel.ptr)
+            .arg(guess.scratch.ptr)
+            .arg(npref as i32)
+            .arg(guess.counts.ptr + (layer * 4) as u64);
         // About 4,096 16-byte pieces a block (27 blocks an expert of the 35B): a few dozen
         // blocks keep PCIe at its full rate (50 GB/s on the H200 host).
         let parts = (img / 16).div_ceil(4096).clamp(1, 64) as u32;
@@ -324,8 +404,7 @@ impl GpuExperts {
             256,
             0,
             &mut a,
-        )?;
-        Ok(g.step.ptr)
+        )
     }
 
     /// Counts the `n` picks at `sel` into `counts`.
@@ -349,13 +428,26 @@ impl GpuExperts {
         };
         let picks: Vec<u32> = p.read()?;
         let mut c = self.stats;
+        // Bytes over PCIe: every mapped pick a prefetch had not gathered, and every mapped
+        // guess, right or wrong.
+        let mut guessed = vec![0u32; self.layers + picks.len()];
+        if let Some(g) = &self.gather {
+            self.gpu.copy_out(g.guess.counts.ptr, &mut guessed)?;
+        }
+        let (used, guessed) = guessed.split_at(self.layers);
         for (k, &n) in picks.iter().enumerate() {
             if self.slot_of[k] != NONE {
                 c.hits += n as u64;
             } else {
                 c.misses += n as u64;
-                c.bytes += n as u64 * self.mats[k / self.experts].place[2].end as u64;
+                let img = self.mats[k / self.experts].place[2].end as u64;
+                c.bytes += (n as u64 + guessed[k] as u64) * img;
             }
+        }
+        // A prefetched pick was counted twice (as a miss and as a guess).
+        for (m, &u) in self.mats.iter().zip(used) {
+            c.prefetch_used += u as u64;
+            c.bytes = c.bytes.saturating_sub(u as u64 * m.place[2].end as u64);
         }
         Ok(c)
     }

@@ -123,6 +123,14 @@ pub struct Gpu {
     pdl_now: AtomicBool,
     /// The last work queued on the stream was a kernel (only then may the next overlap it).
     after_kernel: AtomicBool,
+    /// A second stream for work beside the main one (the experts' prefetch), forked from and
+    /// joined to it by `fork` and `join` (inside a graph's capture too).
+    side: sys::CUstream,
+    /// Launches go to the side stream (between [`Gpu::fork`] and [`Gpu::join_record`]).
+    on_side: AtomicBool,
+    /// Events of the fork and of the join.
+    forked: sys::CUevent,
+    joined: sys::CUevent,
 }
 
 // SAFETY: the context, stream and module handles are plain driver handles, valid from any
@@ -252,6 +260,28 @@ impl Gpu {
         }
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| err("creating a stream", e))?;
+        // The side stream at the highest priority: its few blocks (a prefetch's copies, which
+        // mostly wait on PCIe) take SMs as they free up, beside the main stream's kernels.
+        let (mut least, mut greatest) = (0, 0);
+        let mut side: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: out-pointers to locals; the context is current.
+        unsafe {
+            sys::cuCtxGetStreamPriorityRange(&mut least, &mut greatest)
+                .result()
+                .map_err(|e| err("reading stream priorities", e))?;
+            sys::cuStreamCreateWithPriority(
+                &mut side,
+                sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32,
+                greatest,
+            )
+            .result()
+            .map_err(|e| err("creating a stream", e))?;
+        }
+        let event = || {
+            result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+                .map_err(|e| err("creating an event", e))
+        };
+        let (forked, joined) = (event()?, event()?);
         Ok(Arc::new(Gpu {
             ctx,
             dev,
@@ -271,6 +301,10 @@ impl Gpu {
             ),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),
+            side,
+            on_side: AtomicBool::new(false),
+            forked,
+            joined,
         }))
     }
 
@@ -360,6 +394,20 @@ impl Gpu {
         for (i, p) in ptrs.iter_mut().enumerate().take(args.n) {
             *p = args.store[i].as_mut_ptr() as *mut c_void;
         }
+        if self.on_side.load(Ordering::Relaxed) {
+            // SAFETY: as below, on the side stream (no overlap of launches there).
+            return unsafe {
+                result::launch_kernel(
+                    f.0,
+                    grid,
+                    (block, 1, 1),
+                    smem,
+                    self.side,
+                    &mut ptrs[..args.n],
+                )
+            }
+            .map_err(|e| err("launching a kernel", e));
+        }
         // Overlap only a kernel that follows a kernel: copies and events keep full ordering.
         let after = self.after_kernel.swap(true, Ordering::Relaxed);
         if self.pdl && after && self.pdl_now.load(Ordering::Relaxed) {
@@ -409,6 +457,49 @@ impl Gpu {
     /// 466 tok/s with it, 526 without; decode 161 with, 158 without, same run).
     pub fn overlap_launches(&self, on: bool) {
         self.pdl_now.store(on, Ordering::Relaxed);
+    }
+
+    /// Forks the side stream from the main one here: launches go to the side stream, after
+    /// everything queued so far, until [`Gpu::join_record`].
+    pub fn fork(&self) -> Result<()> {
+        self.queued_other();
+        // SAFETY: live event and streams.
+        unsafe {
+            result::event::record(self.forked, self.stream)
+                .map_err(|e| err("recording an event", e))?;
+            result::stream::wait_event(
+                self.side,
+                self.forked,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+            .map_err(|e| err("waiting for an event", e))?;
+        }
+        self.on_side.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Ends the side stream's work since [`Gpu::fork`]; launches go to the main stream again.
+    /// [`Gpu::join_wait`] makes the main stream wait for that work.
+    pub fn join_record(&self) -> Result<()> {
+        self.on_side.store(false, Ordering::Relaxed);
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(self.joined, self.side) }
+            .map_err(|e| err("recording an event", e))
+    }
+
+    /// The main stream waits, from here, for the side stream's work up to the last
+    /// [`Gpu::join_record`].
+    pub fn join_wait(&self) -> Result<()> {
+        self.queued_other();
+        // SAFETY: live event and stream.
+        unsafe {
+            result::stream::wait_event(
+                self.stream,
+                self.joined,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .map_err(|e| err("waiting for an event", e))
     }
 
     /// Notes that work other than a kernel (a copy, an event, a graph) was queued: the next
@@ -463,7 +554,11 @@ impl Drop for Gpu {
         unsafe {
             let _ = result::ctx::set_current(self.ctx);
             let _ = result::stream::synchronize(self.stream);
+            let _ = result::stream::synchronize(self.side);
             let _ = result::stream::destroy(self.stream);
+            let _ = result::stream::destroy(self.side);
+            let _ = result::event::destroy(self.forked);
+            let _ = result::event::destroy(self.joined);
             let _ = result::module::unload(self.module);
             let _ = result::primary_ctx::release(self.dev);
         }

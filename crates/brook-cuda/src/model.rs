@@ -97,6 +97,13 @@ pub struct CudaModel {
     pub(crate) given: Option<crate::given::GivenIds>,
     /// Buffers of the steps of several sequences (`max_seqs` > 1).
     pub(crate) batch: Option<crate::batch::BatchBufs>,
+    /// Prefetch guessed mapped experts beside the mixer (blocks.rs `prefetch_experts`). Off
+    /// unless `BROOK_CUDA_PREFETCH=1`: on the H200 its guesses named 88.7% of the mapped
+    /// picks, yet decode moved by +1.8% at an 8 GiB GPU budget and -2.1% at 4 GiB, while
+    /// PCIe carried 11% more (docs/BENCH.md, "CUDA with host memory as the second tier").
+    pub prefetch: bool,
+    /// A prefetch is queued for the layer being queued.
+    pub(crate) prefetched: bool,
     id: u64,
 }
 
@@ -219,6 +226,8 @@ impl CudaModel {
             spare: Vec::new(),
             given: None,
             batch: None,
+            prefetch: std::env::var("BROOK_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
+            prefetched: false,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {
@@ -446,6 +455,7 @@ impl CudaModel {
             let l = &self.dense.layers[i];
             let d = if i == 0 { 0 } else { delta };
             self.norm(x, d, l.input_norm.ptr, normed, t)?;
+            self.prefetched = self.prefetch_experts(cfg, i, t)?;
             match (&l.mixer, &dev.layers[i]) {
                 (
                     MixerGpu::Delta {
@@ -565,6 +575,7 @@ impl Engine for CudaModel {
             hits: c.hits,
             misses: c.misses,
             bytes_copied: c.bytes,
+            prefetch_used: c.prefetch_used,
             syncs: self.syncs,
             batched_steps: self.batched_steps,
             hbm_gb_s: 0.0,

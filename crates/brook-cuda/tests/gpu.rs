@@ -711,7 +711,7 @@ fn output_is_identical_for_every_gpu_cache_size() {
         let total = cfg.num_hidden_layers * cfg.num_experts;
         let tokens = Reference::open(name).ids("tokens");
         // `host`: a host budget for mapped experts (None: they stream a layer at a time).
-        let run = |slots: Option<usize>, graphs: bool, host: Option<u64>| {
+        let run = |slots: Option<usize>, graphs: bool, host: Option<u64>, prefetch: bool| {
             let mut g = CudaModel::new(
                 model.clone(),
                 CudaOptions {
@@ -725,6 +725,7 @@ fn output_is_identical_for_every_gpu_cache_size() {
             )
             .expect("cuda model");
             g.graphs = graphs;
+            g.prefetch = prefetch;
             let mut st = model.new_state();
             let mut out = g
                 .forward(&mut st, &tokens, Logits::All)
@@ -736,9 +737,9 @@ fn output_is_identical_for_every_gpu_cache_size() {
             let stats = g.cache_stats().expect("stats");
             (out, stats, g.experts.resident, g.experts.mapped)
         };
-        let (all, _, resident, _) = run(None, true, None);
+        let (all, _, resident, _) = run(None, true, None, false);
         assert!(resident, "the default budget holds a fixture's experts");
-        let (plain, _, _, _) = run(None, false, None);
+        let (plain, _, _, _) = run(None, false, None, false);
         let same = |got: &[f32]| {
             got.iter()
                 .zip(&all)
@@ -749,18 +750,19 @@ fn output_is_identical_for_every_gpu_cache_size() {
             "{name}: decoding through CUDA graphs changed the output"
         );
         for slots in [cfg.num_experts_per_tok, total / 2, total] {
-            let (got, stats, _, _) = run(Some(slots), true, None);
+            let (got, stats, _, _) = run(Some(slots), true, None, false);
             assert!(same(&got), "{name}: {slots} slots changed the output");
             if slots < total {
                 assert!(stats.misses > 0 && stats.bytes > 0, "{name}: {stats:?}");
             }
-            // The experts without a slot in mapped host memory, graphs on and off.
-            for graphs in [true, false] {
-                let (got, stats, _, mapped) = run(Some(slots), graphs, Some(64 << 30));
+            // The experts without a slot in mapped host memory, graphs on and off, the
+            // prefetch of guessed experts on and off.
+            for (graphs, prefetch) in [(true, false), (false, false), (true, true), (false, true)] {
+                let (got, stats, _, mapped) = run(Some(slots), graphs, Some(64 << 30), prefetch);
                 assert_eq!(mapped, total - slots, "{name}: {slots} slots, mapped");
                 assert!(
                     same(&got),
-                    "{name}: {slots} slots and mapped host experts (graphs {graphs}) changed the output"
+                    "{name}: {slots} slots and mapped host experts (graphs {graphs}, prefetch {prefetch}) changed the output"
                 );
                 if slots < total {
                     assert!(stats.misses > 0 && stats.bytes > 0, "{name}: {stats:?}");
@@ -768,10 +770,14 @@ fn output_is_identical_for_every_gpu_cache_size() {
                 if slots == total / 2 {
                     assert!(stats.hits > 0, "{name}: {stats:?}");
                 }
+                assert!(stats.prefetch_used <= stats.misses, "{name}: {stats:?}");
+                if !prefetch {
+                    assert_eq!(stats.prefetch_used, 0, "{name}: {stats:?}");
+                }
             }
         }
         // A host budget too small for the rest streams them instead.
-        let (got, _, _, mapped) = run(Some(total / 2), true, Some(0));
+        let (got, _, _, mapped) = run(Some(total / 2), true, Some(0), false);
         assert_eq!(mapped, 0);
         assert!(same(&got), "{name}: streamed after a small host budget");
     }

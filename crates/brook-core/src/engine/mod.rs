@@ -173,6 +173,9 @@ pub struct GpuStats {
     /// Expert bytes copied from the host into GPU slots, and the expert bytes the kernels
     /// read from mapped host memory.
     pub bytes_copied: u64,
+    /// Mapped experts a prefetch had gathered before their layer asked for them.
+    #[serde(default)]
+    pub prefetch_used: u64,
     /// Host waits on the GPU.
     pub syncs: u64,
     /// Steps that decoded several sequences' tokens at once (one pass over the weights).
@@ -191,6 +194,7 @@ impl GpuStats {
             hits: self.hits.saturating_sub(earlier.hits),
             misses: self.misses.saturating_sub(earlier.misses),
             bytes_copied: self.bytes_copied.saturating_sub(earlier.bytes_copied),
+            prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
             syncs: self.syncs.saturating_sub(earlier.syncs),
             batched_steps: self.batched_steps.saturating_sub(earlier.batched_steps),
             ..self.clone()

@@ -158,20 +158,33 @@ extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, i
 // slot j of `scratch` (by the first pick of that expert only), in streaming 16-byte pieces
 // that keep the link busy, where the products' own scattered reads of host memory do not.
 // step[e] then says where each picked expert is on the GPU; counts[e] counts the picks.
+// A mapped expert among the `npref` guesses `pref` that an earlier launch of this kernel
+// (with `pref` as its `sel`) gathered into `pref_scratch` is taken from there, not copied,
+// and counted in pref_hits.
 // Grid (parts, n).
 extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, u64 hi,
                                          const int* __restrict__ sel, int n, u64 scratch,
                                          int slot_bytes, int img_bytes, u64* __restrict__ step,
-                                         int* __restrict__ counts) {
+                                         int* __restrict__ counts, const int* __restrict__ pref,
+                                         u64 pref_scratch, int npref, int* __restrict__ pref_hits) {
     PDL_SYNC();
     int j = blockIdx.y;
     int e = sel[j];
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&counts[e], 1);
     u64 src = table[e];
     bool on_gpu = src >= lo && src < hi;
-    if (!on_gpu)
+    if (!on_gpu) {
         for (int i = 0; i < j; i++)
             if (sel[i] == e) return;
+        for (int i = 0; i < npref; i++)
+            if (pref[i] == e) {
+                if (blockIdx.x == 0 && threadIdx.x == 0) {
+                    step[e] = pref_scratch + (u64)i * slot_bytes;
+                    atomicAdd(pref_hits, 1);
+                }
+                return;
+            }
+    }
     u64 dst = scratch + (u64)j * slot_bytes;
     if (blockIdx.x == 0 && threadIdx.x == 0) step[e] = on_gpu ? src : dst;
     if (on_gpu) return;

@@ -168,6 +168,9 @@ pub struct GpuRow {
     #[serde(default)]
     pub mapped: usize,
     pub hit_rate: f64,
+    /// Where mapped: the share of the GPU's misses in decode that a prefetch had gathered.
+    #[serde(default)]
+    pub prefetched: f64,
     /// Expert bytes copied host → GPU per decoded token (where mapped: read over PCIe by
     /// the kernels).
     pub bytes_copied_per_token: f64,
@@ -508,6 +511,8 @@ fn run_one(a: &Args) -> Result<Row> {
                 slots: g.slots,
                 resident: g.resident,
                 mapped: g.mapped,
+                prefetched: (g.prefetch_used - b.prefetch_used) as f64
+                    / (g.misses - b.misses).max(1) as f64,
                 hit_rate: if n == 0 {
                     1.0
                 } else {
