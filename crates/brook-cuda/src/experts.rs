@@ -238,8 +238,9 @@ impl GpuExperts {
                 .collect();
             me.table.write(&addrs)?;
             gpu.sync()?;
+        } else if mapped && !me.load_mapped(model)? {
+            me.fixed = false;
         } else if mapped {
-            me.load_mapped(model)?;
             let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
             me.gather = Some(Gather {
                 scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
@@ -260,8 +261,9 @@ impl GpuExperts {
     }
 
     /// The mapped arrangement: layer l's first share of the slots' experts into GPU slots,
-    /// the rest into mapped host memory, and the table written once.
-    fn load_mapped(&mut self, model: &Model) -> Result<()> {
+    /// the rest into mapped host memory, and the table written once. `Ok(false)`: the host
+    /// memory could not be page-locked (nothing loaded; the caller streams instead).
+    fn load_mapped(&mut self, model: &Model) -> Result<bool> {
         let (layers, e) = (model.cfg.num_hidden_layers, self.experts);
         let total = layers * e;
         let per_chunk = (HOST_CHUNK / self.slot_bytes).max(1);
@@ -269,8 +271,17 @@ impl GpuExperts {
         let t = Instant::now();
         for c in 0..n.div_ceil(per_chunk) {
             let m = per_chunk.min(n - c * per_chunk);
-            self.host
-                .push(Pinned::new_mapped(&self.gpu, m * self.slot_bytes)?);
+            match Pinned::new_mapped(&self.gpu, m * self.slot_bytes) {
+                Ok(p) => self.host.push(p),
+                Err(e) => {
+                    self.host.clear();
+                    tracing::warn!(
+                        "could not page-lock {} of host memory for the {n} experts the GPU can't hold ({e}): they stream through the host a layer at a time instead (slower); a smaller --memory-budget skips the attempt",
+                        fmt_bytes((n * self.slot_bytes) as u64)
+                    );
+                    return Ok(false);
+                }
+            }
         }
         let bases: Vec<u64> = self
             .host
@@ -320,7 +331,7 @@ impl GpuExperts {
             fmt_bytes((next * self.slot_bytes) as u64),
             t.elapsed().as_secs_f64()
         );
-        Ok(())
+        Ok(true)
     }
 
     /// The table the products of `layer` read for the `n` picks at `sel` (the top-k kernel's

@@ -252,11 +252,17 @@ impl Metrics {
             hits.push((tier("gpu"), c.hits as f64));
             misses.push((tier("gpu"), c.misses as f64));
             slots.push((tier("gpu"), c.slots as f64));
+            if c.mapped > 0 {
+                // Every expert the GPU slots miss is in mapped host memory.
+                hits.push((tier("mapped"), c.misses as f64));
+                misses.push((tier("mapped"), 0.0));
+                slots.push((tier("mapped"), c.mapped as f64));
+            }
         }
         metric(
             "expert_cache_hits_total",
             "counter",
-            "Routed experts found in a tier's cache (host: RAM, gpu: GPU memory).",
+            "Routed experts found in a tier's cache (host: RAM, gpu: GPU memory, mapped: page-locked host memory the GPU reads).",
             &hits,
         );
         metric(
@@ -280,5 +286,41 @@ impl Metrics {
             );
         }
         o
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Gauges, Metrics};
+
+    #[test]
+    fn each_expert_tier_has_its_line() {
+        let gpu = brook_core::engine::GpuStats {
+            slots: 3837,
+            mapped: 6403,
+            hits: 30,
+            misses: 50,
+            ..Default::default()
+        };
+        let g = Gauges {
+            gpu: Some(gpu.clone()),
+            ..Default::default()
+        };
+        let text = Metrics::default().render(&g);
+        for line in [
+            "brook_expert_cache_hits_total{tier=\"gpu\"} 30",
+            "brook_expert_cache_misses_total{tier=\"gpu\"} 50",
+            "brook_expert_cache_slots{tier=\"gpu\"} 3837",
+            "brook_expert_cache_hits_total{tier=\"mapped\"} 50",
+            "brook_expert_cache_slots{tier=\"mapped\"} 6403",
+        ] {
+            assert!(text.lines().any(|l| l == line), "no {line:?} in\n{text}");
+        }
+        // Without mapped experts there is no mapped tier.
+        let g = Gauges {
+            gpu: Some(brook_core::engine::GpuStats { mapped: 0, ..gpu }),
+            ..Default::default()
+        };
+        assert!(!Metrics::default().render(&g).contains("tier=\"mapped\""));
     }
 }
