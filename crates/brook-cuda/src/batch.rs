@@ -60,7 +60,7 @@ impl CudaModel {
     /// Whether [`CudaModel::step_batch`] takes a step of one token from each of these
     /// sequences: two or more, and every expert at a fixed address (resident or mapped).
     pub(crate) fn batchable(&self, n: usize) -> bool {
-        n >= 2 && self.batch.is_some() && self.experts.fixed
+        n >= 2 && self.batch.is_some() && self.experts.fixed()
     }
 
     /// Runs a step's parts of one token and its small chunks (those a sequence alone runs a
@@ -422,15 +422,7 @@ impl CudaModel {
         let g = &self.gpu;
         let stack = [l.router, l.shared_expert_gate, Mat::NONE, Mat::NONE];
         ops::qmv_stacked_n(g, stack, n, s.normed.ptr, s.rlog.ptr)?;
-        let mut a = Args::new();
-        a.arg(s.rlog.ptr)
-            .arg(e as i32)
-            .arg((e + 1) as i32)
-            .arg(k as i32)
-            .arg(cfg.norm_topk_prob as i32)
-            .arg(s.sel.ptr)
-            .arg(s.wts.ptr);
-        g.launch(g.k.topk, (n as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
+        self.topk(n, s.rlog.ptr, e + 1, None, s.sel.ptr, s.wts.ptr)?;
         let tab = self.experts.table_for(layer, s.sel.ptr, n * k, false)?;
         let m = self.experts.mats[layer].clone();
         let sg = s.rlog.ptr + (e * 4) as u64;

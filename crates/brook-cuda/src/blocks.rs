@@ -226,28 +226,51 @@ impl CudaModel {
             return Ok(false);
         };
         let l = &self.dense.layers[layer];
-        let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
         let (normed, logits, sel, wts) = (q.normed.ptr, q.logits.ptr, q.sel.ptr, q.wts.ptr);
         self.norm(self.s.x.ptr, 0, l.post_norm.ptr, normed, 1)?;
         self.gpu.fork()?;
         let queued = (|| {
             self.linear(l.router, Mat::NONE, 1, normed, logits)?;
-            let mut a = Args::new();
-            a.arg(logits)
-                .arg(e as i32)
-                .arg(e as i32)
-                .arg(k as i32)
-                .arg(cfg.norm_topk_prob as i32)
-                .arg(sel)
-                .arg(wts);
-            self.gpu
-                .launch(self.gpu.k.topk, (1, 1, 1), 32, (e * 4) as u32, &mut a)?;
+            self.topk(1, logits, cfg.num_experts, None, sel, wts)?;
             self.experts.prefetch(layer)
         })();
         let joined = self.gpu.join_record();
         queued?;
         joined?;
         Ok(true)
+    }
+
+    /// The top-k of `rows` rows of router logits at `logits` (`stride` floats apart): expert
+    /// ids to `sel`, their weights to `wts` ([rows][k] each). `given`: a replayed routing's
+    /// [rows][k] ids on the GPU, taken instead of the largest logits.
+    pub(crate) fn topk(
+        &self,
+        rows: usize,
+        logits: u64,
+        stride: usize,
+        given: Option<u64>,
+        sel: u64,
+        wts: u64,
+    ) -> Result<()> {
+        let cfg = self.cfg();
+        let e = cfg.num_experts;
+        let mut a = Args::new();
+        a.arg(logits)
+            .arg(e as i32)
+            .arg(stride as i32)
+            .arg(cfg.num_experts_per_tok as i32)
+            .arg(cfg.norm_topk_prob as i32);
+        if let Some(ptr) = given {
+            a.arg(ptr);
+        }
+        a.arg(sel).arg(wts);
+        let kernel = if given.is_some() {
+            self.gpu.k.topk_given
+        } else {
+            self.gpu.k.topk
+        };
+        self.gpu
+            .launch(kernel, (rows as u32, 1, 1), 32, (e * 4) as u32, &mut a)
     }
 
     /// The MoE block of `layer` on `normed`, writing `delta`.
@@ -286,23 +309,7 @@ impl CudaModel {
             .as_ref()
             .filter(|g| g.on && g.tokens == t)
             .map(|g| g.dev.ptr + (layer * t * k * 4) as u64);
-        let mut a = Args::new();
-        a.arg(rlog)
-            .arg(e as i32)
-            .arg(e as i32)
-            .arg(k as i32)
-            .arg(cfg.norm_topk_prob as i32);
-        if let Some(ptr) = given {
-            a.arg(ptr);
-        }
-        a.arg(sel).arg(wts);
-        let kernel = if given.is_some() {
-            self.gpu.k.topk_given
-        } else {
-            self.gpu.k.topk
-        };
-        self.gpu
-            .launch(kernel, (t as u32, 1, 1), 32, (e * 4) as u32, &mut a)?;
+        self.topk(t, rlog, e, given, sel, wts)?;
         let prefetched = std::mem::take(&mut self.prefetched);
         if prefetched {
             self.gpu.join_wait()?;
@@ -311,7 +318,7 @@ impl CudaModel {
         let m = self.experts.mats[layer].clone();
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
         let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
-        if t == 1 && !self.experts.fixed {
+        if t == 1 && !self.experts.fixed() {
             // Replayed routes too are read back from the GPU, as the router's would be, so a
             // replay waits as a real routing does.
             let mut ids = vec![0i32; k];
@@ -395,7 +402,7 @@ impl CudaModel {
                 0,
                 &mut a,
             )?;
-            let batches: Vec<Vec<usize>> = if self.experts.fixed {
+            let batches: Vec<Vec<usize>> = if self.experts.fixed() {
                 vec![Vec::new()]
             } else {
                 let mut c = vec![0i32; e];
@@ -408,7 +415,7 @@ impl CudaModel {
                     .collect()
             };
             for ids in &batches {
-                if !self.experts.fixed {
+                if !self.experts.fixed() {
                     self.experts.prepare(&self.model, layer, ids)?;
                 }
                 ops::qmm(

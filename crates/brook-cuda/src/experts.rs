@@ -50,6 +50,9 @@ pub struct GpuCacheStats {
 /// The gathering of a step's mapped experts into GPU memory.
 #[derive(Debug)]
 struct Gather {
+    /// How often each (layer, expert) was picked, counted on the GPU (the hits and misses a
+    /// mapped step can't see on the host).
+    counts: DevBuf,
     /// Slots for `picks` picks.
     scratch: DevBuf,
     picks: usize,
@@ -90,13 +93,9 @@ pub struct GpuExperts {
     pub resident: bool,
     /// Experts read from mapped host memory (0 unless mapped).
     pub mapped: usize,
-    /// Every expert has an address (resident or mapped) and the table never changes.
-    pub fixed: bool,
     arena: DevBuf,
     /// The mapped host tier: chunks of `per_chunk` expert images.
     host: Vec<Pinned>,
-    /// Where mapped: how often each (layer, expert) was picked, counted on the GPU.
-    picks: Option<DevBuf>,
     /// Where mapped: GPU slots a step's picks are gathered into from host memory.
     gather: Option<Gather>,
     /// [layers · experts] slot addresses (0: not in this launch).
@@ -204,10 +203,8 @@ impl GpuExperts {
             nslots,
             resident: nslots == total,
             mapped: 0,
-            fixed: nslots == total || mapped,
             arena,
             host: Vec::new(),
-            picks: None,
             gather: None,
             table,
             experts: cfg.num_experts,
@@ -233,16 +230,13 @@ impl GpuExperts {
                     me.load(model, l, ids)?;
                 }
             }
-            let addrs: Vec<u64> = (0..total)
-                .map(|k| me.arena.ptr + me.slot_of[k] as u64 * slot_bytes as u64)
-                .collect();
+            let addrs: Vec<u64> = (0..total).map(|k| me.slot_addr(me.slot_of[k])).collect();
             me.table.write(&addrs)?;
             gpu.sync()?;
-        } else if mapped && !me.load_mapped(model)? {
-            me.fixed = false;
-        } else if mapped {
+        } else if mapped && me.load_mapped(model)? {
             let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
             me.gather = Some(Gather {
+                counts: gpu.zeros(total * 4, "expert pick counts")?,
                 scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
                 picks,
                 step: gpu.zeros(e * 8, "gathered expert table")?,
@@ -301,7 +295,7 @@ impl GpuExperts {
             }
             for &x in &gpu_ids {
                 let s = self.slot_of[l * e + x];
-                addrs[l * e + x] = self.arena.ptr + s as u64 * self.slot_bytes as u64;
+                addrs[l * e + x] = self.slot_addr(s);
             }
             let m = self.mats[l].clone();
             let host_ids: Vec<usize> = (on_gpu..e).collect();
@@ -323,7 +317,6 @@ impl GpuExperts {
         }
         self.mapped = next;
         self.table.write(&addrs)?;
-        self.picks = Some(self.gpu.zeros(total * 4, "expert pick counts")?);
         self.gpu.sync()?;
         tracing::info!(
             "experts: {} in GPU slots, {next} ({}) in mapped host memory, loaded in {:.1} s",
@@ -340,10 +333,10 @@ impl GpuExperts {
     /// the mapped ones into GPU memory, whose table this then is.
     pub fn table_for(&self, layer: usize, sel: u64, n: usize, prefetched: bool) -> Result<u64> {
         let tab = self.table_of(layer);
-        let (Some(g), Some(p)) = (&self.gather, &self.picks) else {
+        let Some(g) = &self.gather else {
             return Ok(tab);
         };
-        let counts = p.ptr + (layer * self.experts * 4) as u64;
+        let counts = g.counts.ptr + (layer * self.experts * 4) as u64;
         if n > g.picks {
             self.count_picks(sel, n, counts)?;
             return Ok(tab);
@@ -434,17 +427,14 @@ impl GpuExperts {
     /// Hits, misses and the expert bytes read from host memory so far: the host cache's
     /// counters, or where mapped the GPU's pick counts (read back, a synchronisation).
     pub fn counters(&self) -> Result<GpuCacheStats> {
-        let Some(p) = &self.picks else {
+        let Some(g) = &self.gather else {
             return Ok(self.stats);
         };
-        let picks: Vec<u32> = p.read()?;
+        let picks: Vec<u32> = g.counts.read()?;
         let mut c = self.stats;
         // Bytes over PCIe: every mapped pick a prefetch had not gathered, and every mapped
         // guess, right or wrong.
-        let mut guessed = vec![0u32; self.layers + picks.len()];
-        if let Some(g) = &self.gather {
-            self.gpu.copy_out(g.guess.counts.ptr, &mut guessed)?;
-        }
+        let guessed: Vec<u32> = g.guess.counts.read()?;
         let (used, guessed) = guessed.split_at(self.layers);
         for (k, &n) in picks.iter().enumerate() {
             if self.slot_of[k] != NONE {
@@ -463,6 +453,16 @@ impl GpuExperts {
         Ok(c)
     }
 
+    /// Every expert has an address (resident or mapped): the table never changes.
+    pub fn fixed(&self) -> bool {
+        self.resident || self.gather.is_some()
+    }
+
+    /// Address of GPU slot `s`.
+    fn slot_addr(&self, s: u32) -> u64 {
+        self.arena.ptr + s as u64 * self.slot_bytes as u64
+    }
+
     /// Address of the table slice of `layer`.
     pub fn table_of(&self, layer: usize) -> u64 {
         self.table.ptr + (layer * self.experts * 8) as u64
@@ -471,7 +471,7 @@ impl GpuExperts {
     /// Makes experts `ids` of `layer` resident (at most `nslots`, distinct) and, unless every
     /// expert is resident, points the layer's table at exactly these.
     pub fn prepare(&mut self, model: &Model, layer: usize, ids: &[usize]) -> Result<()> {
-        if self.fixed {
+        if self.fixed() {
             return Ok(());
         }
         if ids.len() > self.nslots {
@@ -485,12 +485,10 @@ impl GpuExperts {
         // the previous table copy may still read `table_stage`: wait for them all.
         self.gpu.sync()?;
         self.load(model, layer, ids)?;
-        let stage = self.table_stage.as_mut_slice();
-        stage.fill(0);
+        self.table_stage.as_mut_slice().fill(0);
         for &e in ids {
-            let s = self.slot_of[layer * self.experts + e];
-            let addr = self.arena.ptr + s as u64 * self.slot_bytes as u64;
-            stage[e * 8..e * 8 + 8].copy_from_slice(&addr.to_le_bytes());
+            let addr = self.slot_addr(self.slot_of[layer * self.experts + e]);
+            self.table_stage.as_mut_slice()[e * 8..e * 8 + 8].copy_from_slice(&addr.to_le_bytes());
         }
         // Queued, not waited for: the kernels that read the table follow it on the stream.
         // SAFETY: table_stage stays untouched until the next prepare's synchronisation; the
@@ -546,6 +544,7 @@ impl GpuExperts {
             for ((&e, h), &s) in miss.iter().zip(&handles).zip(slots) {
                 h.wait()?;
                 let v = h.view();
+                let dst = self.slot_addr(s);
                 let (buf, ev) = &mut self.staging[self.next_stage];
                 self.next_stage = (self.next_stage + 1) % STAGING;
                 // SAFETY: the event was recorded after this buffer's last copy (or never).
@@ -555,7 +554,6 @@ impl GpuExperts {
                 copy_into(&v.gate_proj, &m.place[0], img);
                 copy_into(&v.up_proj, &m.place[1], img);
                 copy_into(&v.down_proj, &m.place[2], img);
-                let dst = self.arena.ptr + s as u64 * self.slot_bytes as u64;
                 let n = m.place[2].end;
                 // SAFETY: the staging buffer stays untouched until its event completes; the
                 // slot holds slot_bytes ≥ n.

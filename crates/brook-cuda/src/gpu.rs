@@ -463,17 +463,10 @@ impl Gpu {
     /// everything queued so far, until [`Gpu::join_record`].
     pub fn fork(&self) -> Result<()> {
         self.queued_other();
-        // SAFETY: live event and streams.
-        unsafe {
-            result::event::record(self.forked, self.stream)
-                .map_err(|e| err("recording an event", e))?;
-            result::stream::wait_event(
-                self.side,
-                self.forked,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .map_err(|e| err("waiting for an event", e))?;
-        }
+        // SAFETY: live event and stream.
+        unsafe { result::event::record(self.forked, self.stream) }
+            .map_err(|e| err("recording an event", e))?;
+        self.wait_event(self.side, self.forked)?;
         self.on_side.store(true, Ordering::Relaxed);
         Ok(())
     }
@@ -491,11 +484,16 @@ impl Gpu {
     /// [`Gpu::join_record`].
     pub fn join_wait(&self) -> Result<()> {
         self.queued_other();
-        // SAFETY: live event and stream.
+        self.wait_event(self.stream, self.joined)
+    }
+
+    /// `stream` waits, from here, for `event` (one of this GPU's streams and events).
+    fn wait_event(&self, stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+        // SAFETY: live event and stream, both this GPU's.
         unsafe {
             result::stream::wait_event(
-                self.stream,
-                self.joined,
+                stream,
+                event,
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
         }

@@ -278,7 +278,7 @@ impl CudaModel {
             .ok_or_else(|| Error::Invalid("lost the GPU state".into()))?;
         let replaying = self.given.as_ref().is_some_and(|g| g.on);
         let graphed = self.graphs
-            && self.experts.fixed
+            && self.experts.fixed()
             && t == 1
             && matches!(want, Logits::Last)
             && !replaying;
