@@ -14,6 +14,8 @@ use brook_core::experts::budget::fmt_bytes;
 use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
 
+use crate::args::MAX_ARGS;
+pub use crate::args::{Args, KernelArg};
 pub use crate::buffers::{DevBuf, Pinned};
 use crate::nvrtc::ptx_for;
 
@@ -560,50 +562,6 @@ impl Drop for Gpu {
             let _ = result::module::unload(self.module);
             let _ = result::primary_ctx::release(self.dev);
         }
-    }
-}
-
-const MAX_ARGS: usize = 24;
-
-/// Kernel arguments by value (each up to 64 bytes), in declaration order.
-#[derive(Debug)]
-pub struct Args {
-    store: [[u64; 8]; MAX_ARGS],
-    n: usize,
-}
-
-impl Default for Args {
-    fn default() -> Self {
-        Args {
-            store: [[0; 8]; MAX_ARGS],
-            n: 0,
-        }
-    }
-}
-
-/// Types that may be passed to a kernel by value.
-pub trait KernelArg: Copy {}
-impl KernelArg for i32 {}
-impl KernelArg for u32 {}
-impl KernelArg for f32 {}
-impl KernelArg for u64 {}
-impl KernelArg for i64 {}
-impl KernelArg for crate::weights::Mat {}
-
-impl Args {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Appends one argument.
-    pub fn arg<T: KernelArg>(&mut self, v: T) -> &mut Self {
-        assert!(std::mem::size_of::<T>() <= 64 && self.n < MAX_ARGS);
-        // SAFETY: T is plain data no larger than the 64-byte, 8-aligned slot.
-        unsafe {
-            std::ptr::write(self.store[self.n].as_mut_ptr() as *mut T, v);
-        }
-        self.n += 1;
-        self
     }
 }
 

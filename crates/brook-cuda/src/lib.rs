@@ -6,12 +6,16 @@
 //! building needs no CUDA toolkit and a machine without a GPU gets a clear error, never a
 //! panic. [`CudaModel`] runs the whole forward pass on the GPU with the dense core, the
 //! sequence state and the routed experts in GPU memory: all of them when the GPU budget
-//! holds them, else a cache of expert slots filled from the host by asynchronous copies.
+//! holds them; else as many as fit, the rest in page-locked host memory the kernels gather
+//! from over PCIe where the host budget holds them, or a cache of expert slots filled from
+//! the host by asynchronous copies.
 
+mod args;
 mod batch;
 mod blocks;
 mod buffers;
 pub mod delta;
+mod engine;
 pub mod experts;
 mod given;
 pub mod gpu;

@@ -1,0 +1,94 @@
+//! The [`Engine`] face of [`CudaModel`]: what the driver, sessions and the server call.
+
+use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step};
+use brook_core::model::Model;
+use brook_core::model::state::SeqState;
+use brook_core::{Error, Result};
+
+use crate::model::CudaModel;
+use crate::state::DeviceSeq;
+
+impl Engine for CudaModel {
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn model(&self) -> &Model {
+        &self.model
+    }
+
+    fn caps(&self) -> Caps {
+        Caps {
+            max_chunk: self.opts.max_chunk,
+            max_seqs: self.opts.max_seqs,
+            // A prompt's chunk fits beside a decoded token of every other sequence.
+            max_tokens: self.opts.max_chunk + self.opts.max_seqs,
+            given_routes: true,
+            trace: false,
+        }
+    }
+
+    fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
+        self.gpu.bind()?;
+        if state.pos + tokens > self.opts.context {
+            return Err(Error::Invalid(format!(
+                "context full: {} + {tokens} tokens exceed the context of {} (open with a larger --context)",
+                state.pos, self.opts.context
+            )));
+        }
+        let ours = state
+            .device
+            .as_mut()
+            .is_some_and(|d| d.as_any_mut().downcast_mut::<DeviceSeq>().is_some());
+        if !ours {
+            state.sync_host()?;
+            let d = DeviceSeq::from_host(&self.gpu, &self.model.cfg, state, self.opts.context)?;
+            state.device = Some(Box::new(d));
+        }
+        Ok(())
+    }
+
+    fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        // Decoded tokens and small chunks of several sequences run as batched steps where
+        // the engine can (every expert resident, the router's own routes, batch.rs).
+        if !matches!(step.routing, Routing::Given(_)) && self.step_rounds(step.seqs)? {
+            return Ok(());
+        }
+        for (i, s) in step.seqs.iter_mut().enumerate() {
+            self.stage_given(step.routing, i, s.tokens.len())?;
+            let r = self.step_one(s.state, s.tokens, s.want, s.logits);
+            if let Some(g) = &mut self.given {
+                g.on = false;
+            }
+            r?;
+        }
+        Ok(())
+    }
+
+    fn gpu_stats(&self) -> Option<GpuStats> {
+        let c = match self.experts.counters() {
+            Ok(c) => c,
+            Err(e) => {
+                // The next step reports the GPU's failure; the counters fall back to the host's.
+                tracing::warn!("reading the GPU's expert pick counts: {e}");
+                self.experts.stats
+            }
+        };
+        Some(GpuStats {
+            device: self.gpu.name.clone(),
+            budget_bytes: self.gpu.budget,
+            used_bytes: self.gpu.used(),
+            slots: self.experts.nslots,
+            resident: self.experts.resident,
+            mapped: self.experts.mapped,
+            hits: c.hits,
+            misses: c.misses,
+            bytes_copied: c.bytes,
+            prefetch_used: c.prefetch_used,
+            syncs: self.syncs,
+            batched_steps: self.batched_steps,
+            hbm_gb_s: 0.0,
+            h2d_gb_s: 0.0,
+        })
+    }
+}
