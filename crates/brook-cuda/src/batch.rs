@@ -17,6 +17,7 @@ use crate::delta::{self, DeltaRule};
 use crate::gpu::{Args, DevBuf, Pinned};
 use crate::model::CudaModel;
 use crate::ops;
+use crate::scratch::ATT_SPLITS;
 use crate::state::{DevLayer, DeviceSeq, Graph};
 use crate::weights::{Mat, MixerGpu};
 
@@ -392,9 +393,13 @@ impl CudaModel {
                     .arg(hd)
                     .arg(gated)
                     .arg(scale)
-                    .arg(tab);
+                    .arg(tab)
+                    .arg(s.att_part.ptr)
+                    .arg(s.att_count.ptr);
+                // Each sequence's positions split as they are alone (blocks.rs).
                 let smem = ((hd + 128) * 4) as u32;
-                g.launch(g.k.attention, (1, nq as u32, n as u32), 128, smem, &mut a)?;
+                let grid = (ATT_SPLITS as u32, nq as u32, n as u32);
+                g.launch(g.k.attention_dec, grid, 128, smem, &mut a)?;
                 ops::qmv_stacked_n(
                     g,
                     [*o, Mat::NONE, Mat::NONE, Mat::NONE],

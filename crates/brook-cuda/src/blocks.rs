@@ -9,6 +9,7 @@ use crate::delta::{self, DeltaRule};
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
 use crate::ops;
+use crate::scratch::ATT_SPLITS;
 use crate::weights::Mat;
 
 impl CudaModel {
@@ -193,13 +194,20 @@ impl CudaModel {
             .arg(gated)
             .arg(scale)
             .arg(0u64);
-        g.launch(
-            g.k.attention,
-            (t as u32, nq as u32, 1),
-            128,
-            ((hd + 128) * 4) as u32,
-            &mut a,
-        )?;
+        let smem = ((hd + 128) * 4) as u32;
+        if t == 1 {
+            // A decoded token: its positions split over blocks (batch.rs the same).
+            a.arg(s.att_part.ptr).arg(s.att_count.ptr);
+            g.launch(
+                g.k.attention_dec,
+                (ATT_SPLITS as u32, nq as u32, 1),
+                128,
+                smem,
+                &mut a,
+            )?;
+        } else {
+            g.launch(g.k.attention, (t as u32, nq as u32, 1), 128, smem, &mut a)?;
+        }
         self.linear(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
     }
 

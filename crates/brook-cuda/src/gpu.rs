@@ -95,6 +95,7 @@ pub struct Kernels {
     pub gated_norm: Kernel,
     pub attn_prep: Kernel,
     pub attention: Kernel,
+    pub attention_dec: Kernel,
 }
 
 /// One device with its context, stream, compiled kernels and a running count of device
@@ -223,6 +224,7 @@ impl Gpu {
             gated_norm: f("gated_norm")?,
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
+            attention_dec: f("attention_dec")?,
         };
         // The matrix-vector kernels stage their activations in dynamic shared memory and the
         // chunked delta rule its chunk (134 KiB at dk = 128): allow them what the device

@@ -7,6 +7,10 @@ use brook_core::config::ModelConfig;
 
 use crate::gpu::{DevBuf, Gpu};
 
+/// Blocks a head of a decoded token's attention is split into (kernels/mixers.cu
+/// `attention_dec`): each takes a 32th of the visible positions, rounded up to 32.
+pub(crate) const ATT_SPLITS: usize = 32;
+
 /// Scratch for chunks of up to `c` tokens and steps of up to `seqs` sequences of one token
 /// (batch.rs: their stacked projections keep each token's rows together).
 #[derive(Debug)]
@@ -31,6 +35,11 @@ pub(crate) struct Scratch {
     pub(crate) q: DevBuf,
     pub(crate) gate: DevBuf,
     pub(crate) att: DevBuf,
+    /// The decode attention's splits ([`ATT_SPLITS`] a head and sequence, each its max, sum
+    /// and head_dim outputs) and a counter a head and sequence (kernels/mixers.cu
+    /// `attention_dec`).
+    pub(crate) att_part: DevBuf,
+    pub(crate) att_count: DevBuf,
     // MoE
     pub(crate) rlog: DevBuf,
     pub(crate) sel: DevBuf,
@@ -99,6 +108,11 @@ impl Scratch {
             q: f(c * nq * hd, "attention scratch")?,
             gate: f(c * nq * hd, "attention scratch")?,
             att: f(c * nq * hd, "attention scratch")?,
+            att_part: f(
+                seqs.max(1) * nq * ATT_SPLITS * (hd + 2),
+                "attention scratch",
+            )?,
+            att_count: gpu.zeros(seqs.max(1) * nq * 4, "attention scratch")?,
             rlog: f((c * e + 1).max(seqs * (e + 1)), "router scratch")?,
             sel: f(c * k, "router scratch")?,
             wts: f(c * k, "router scratch")?,

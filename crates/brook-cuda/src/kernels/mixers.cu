@@ -300,3 +300,134 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
         out[at] = val;
     }
 }
+
+// Decode attention split over the positions (flash decoding), for steps of one token a
+// sequence: `attention` gives one block a head and walks every position in it, so its time
+// grew with the context (a block per head, 16 of the H200's 132 SMs). Block (s, head, z)
+// takes split s of sequence z's visible positions: splits of `len` positions, the visible
+// ones over gridDim.x rounded up to 32, so how a sequence's positions are split depends on
+// its position alone, never on the grid's other sequences (batch.rs keeps each sequence's
+// bits). Each block leaves its running max, sum and unnormalised output in `part`
+// ([z][head][split][hd + 2]); the last of a head's blocks to finish (its `count`, which it
+// resets) merges the splits in order and writes the gated output. 128 threads, hd ≤ 512;
+// `seqs` as attention's.
+extern "C" __global__ void attention_dec(const float* __restrict__ q, const float* __restrict__ gate,
+                                         const float* __restrict__ kc, const float* __restrict__ vc,
+                                         const int* __restrict__ meta, float* __restrict__ out,
+                                         int nq, int nkv, int hd, int gated, float scale,
+                                         const u64* __restrict__ seqs, float* __restrict__ part,
+                                         unsigned* __restrict__ count) {
+    PDL_SYNC();
+    int z = blockIdx.z, head = blockIdx.y, s = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
+    if (seqs) {
+        kc = (const float*)seqs[2 * z];
+        vc = (const float*)seqs[2 * z + 1];
+        meta += z;
+        long long off = (long long)z * nq * hd;
+        q += off;
+        gate += off;
+        out += off;
+    }
+    int visible = meta[0] + 1;
+    int len = ((visible + gridDim.x - 1) / gridDim.x + 31) & ~31;
+    int active = (visible + len - 1) / len;
+    if (s >= active) return;
+    extern __shared__ float sh[];   // q[hd], p[blockDim]
+    __shared__ float red[32];
+    __shared__ int last;
+    float* qs = sh;
+    float* ps = sh + hd;
+    int kvh = head / (nq / nkv), lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    for (int i = tid; i < hd; i += nt) qs[i] = q[(long long)head * hd + i];
+    __syncthreads();
+    long long stride = (long long)nkv * hd;
+    const float* kb = kc + kvh * hd;
+    const float* vb = vc + kvh * hd;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    float m = -INFINITY, l = 0.0f;
+    int p1 = min(visible, (s + 1) * len);
+    for (int base = s * len; base < p1; base += nt) {
+        int n = min(nt, p1 - base);
+        // Scores: a warp four positions at a time, its lanes along the head (coalesced rows).
+        for (int j0 = warp * 4; j0 < n; j0 += nw * 4) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int i = lane; i < hd; i += 32) {
+                float qv = qs[i];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (j0 + u < n) d[u] = fmaf(qv, kb[(long long)(base + j0 + u) * stride + i], d[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float t = warp_sum(d[u]);
+                if (lane == 0 && j0 + u < n) ps[j0 + u] = t * scale;
+            }
+        }
+        __syncthreads();
+        float sc = tid < n ? ps[tid] : -INFINITY;
+        float mt = warp_max(sc);
+        if (lane == 0) red[warp] = mt;
+        __syncthreads();
+        mt = -INFINITY;
+        for (int i = 0; i < nw; i++) mt = fmaxf(mt, red[i]);
+        float mn = fmaxf(m, mt);
+        float e = tid < n ? expf(sc - mn) : 0.0f;
+        __syncthreads();   // every thread has read red and ps
+        ps[tid] = e;
+        float st = block_sum(e, red);
+        float corr = expf(m - mn);
+        l = l * corr + st;
+        for (int i = 0; i < 4; i++) acc[i] *= corr;
+        __syncthreads();
+#pragma unroll 4
+        for (int pp = 0; pp < n; pp++) {
+            const float* vp = vb + (long long)(base + pp) * stride;
+            float pr = ps[pp];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int d = tid + i * nt;
+                if (d < hd) acc[i] = fmaf(pr, vp[d], acc[i]);
+            }
+        }
+        m = mn;
+        __syncthreads();
+    }
+    int pid = z * nq + head;
+    float* mine = part + ((long long)pid * gridDim.x + s) * (hd + 2);
+    if (tid == 0) {
+        mine[0] = m;
+        mine[1] = l;
+    }
+    for (int i = 0; i < 4; i++) {
+        int d = tid + i * nt;
+        if (d < hd) mine[2 + d] = acc[i];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&count[pid], 1u) == (unsigned)(active - 1);
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const float* all = part + (long long)pid * gridDim.x * (hd + 2);
+    float mx = -INFINITY;
+    for (int j = 0; j < active; j++) mx = fmaxf(mx, __ldcg(all + (long long)j * (hd + 2)));
+    float sum = 0.0f, o[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < active; j++) {
+        const float* pj = all + (long long)j * (hd + 2);
+        float w = expf(__ldcg(pj) - mx);
+        sum = fmaf(__ldcg(pj + 1), w, sum);
+        for (int i = 0; i < 4; i++) {
+            int d = tid + i * nt;
+            if (d < hd) o[i] = fmaf(__ldcg(pj + 2 + d), w, o[i]);
+        }
+    }
+    for (int i = 0; i < 4; i++) {
+        int d = tid + i * nt;
+        if (d >= hd) continue;
+        long long at = (long long)head * hd + d;
+        float val = o[i] / sum;
+        if (gated) val *= sigmoidf_(gate[at]);
+        out[at] = val;
+    }
+    if (tid == 0) count[pid] = 0u;
+}
