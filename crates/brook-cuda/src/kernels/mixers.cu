@@ -256,30 +256,42 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
     long long stride = (long long)nkv * hd;
+    int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    const float* kb = kc + kvh * hd;
     for (int base = 0; base < visible; base += nt) {
-        int p = base + tid;
-        float sc = -INFINITY;
-        if (p < visible) {
-            const float* kp = kc + p * stride + kvh * hd;
-            float d = 0.0f;
-            for (int i = 0; i < hd; i++) d = fmaf(qs[i], kp[i], d);
-            sc = d * scale;
+        int p = base + tid, n = min(nt, visible - base);
+        // Scores: a warp four positions at a time, its lanes along the head (coalesced rows).
+        for (int j0 = warp * 4; j0 < n; j0 += nw * 4) {
+            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            for (int i = lane; i < hd; i += 32) {
+                float qv = qs[i];
+#pragma unroll
+                for (int u = 0; u < 4; u++)
+                    if (j0 + u < n) d[u] = fmaf(qv, kb[(long long)(base + j0 + u) * stride + i], d[u]);
+            }
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                float tot = warp_sum(d[u]);
+                if (lane == 0 && j0 + u < n) ps[j0 + u] = tot * scale;
+            }
         }
-        float mt = warp_max(sc);
         __syncthreads();
-        if ((tid & 31) == 0) red[tid >> 5] = mt;
+        float sc = p < visible ? ps[tid] : -INFINITY;
+        float mt = warp_max(sc);
+        if (lane == 0) red[warp] = mt;
         __syncthreads();
         mt = -INFINITY;
         for (int i = 0; i < (nt >> 5); i++) mt = fmaxf(mt, red[i]);
         float mn = fmaxf(m, mt);
         float e = p < visible ? expf(sc - mn) : 0.0f;
+        __syncthreads();   // every thread has read red and ps
         ps[tid] = e;
         float st = block_sum(e, red);
         float corr = expf(m - mn);
         l = l * corr + st;
         for (int i = 0; i < 4; i++) acc[i] *= corr;
         __syncthreads();
-        int n = min(nt, visible - base);
+#pragma unroll 4
         for (int pp = 0; pp < n; pp++) {
             const float* vp = vc + (long long)(base + pp) * stride + kvh * hd;
             float pr = ps[pp];
@@ -359,8 +371,8 @@ extern "C" __global__ void attention_dec(const float* __restrict__ q, const floa
             }
 #pragma unroll
             for (int u = 0; u < 4; u++) {
-                float t = warp_sum(d[u]);
-                if (lane == 0 && j0 + u < n) ps[j0 + u] = t * scale;
+                float tot = warp_sum(d[u]);
+                if (lane == 0 && j0 + u < n) ps[j0 + u] = tot * scale;
             }
         }
         __syncthreads();

@@ -2,7 +2,7 @@
 //! the bits it gets alone, from the kernels up to whole steps through the driver.
 
 use super::*;
-use brook_core::engine::Forward;
+use brook_core::engine::{Forward, Part};
 use common::batch::{CHUNK, assert_same_bits, run};
 
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -255,4 +255,135 @@ fn too_many_sequences_for_the_gpu_budget_is_a_clear_error() {
     );
     let e = open(0).expect_err("no sequence").to_string();
     assert!(e.contains("1 to 64 sequences"), "{e}");
+}
+
+/// Decoding deep into the context splits each head's positions over blocks (kernels/
+/// mixers.cu `attention_dec`): at 4,500 positions 29 of the 32 splits hold positions, two
+/// tiles of 128 each; at 300, ten splits of 32. Each decoded token's logits match the
+/// reference pass, and the two sequences in one step keep the bits each gets alone.
+#[test]
+fn long_context_decode_matches_the_reference_alone_and_together() {
+    if gpu().is_none() {
+        return;
+    }
+    let model = Arc::new(Model::open(&fixture("next-q4")).expect("open"));
+    let vocab = model.cfg.vocab_size as u64;
+    let mut rng = Rng::new(43);
+    let prompts: Vec<Vec<u32>> = [4500usize, 300]
+        .iter()
+        .map(|&n| (0..n).map(|_| (rng.next_u64() % vocab) as u32).collect())
+        .collect();
+    const STEPS: usize = 3;
+    let open = || {
+        CudaModel::new(
+            model.clone(),
+            CudaOptions {
+                max_chunk: 256,
+                context: 4608,
+                max_seqs: 2,
+                ..Default::default()
+            },
+        )
+        .expect("cuda model")
+    };
+    // Alone, each step against the reference pass fed the same tokens.
+    let mut fw = Forward::new(open());
+    let mut alone = Vec::new();
+    let mut states = Vec::new();
+    for p in &prompts {
+        let mut st = fw.new_state(0);
+        let mut rst = model.new_state();
+        let mut got = fw
+            .forward(&mut st, p, Logits::Last)
+            .expect("prefill")
+            .to_vec();
+        let mut want = model
+            .forward(&mut rst, p, Logits::Last, None)
+            .expect("reference");
+        let mut steps = Vec::new();
+        let start = st.clone();
+        for i in 0..STEPS {
+            let e = rel_l2(&got, &want);
+            assert!(e < 2e-5, "{} positions, step {i}: {e:.2e}", p.len() + i);
+            let next = argmax(&want);
+            steps.push((next, got.clone()));
+            got = fw
+                .forward(&mut st, &[next], Logits::Last)
+                .expect("decode")
+                .to_vec();
+            want = model
+                .forward(&mut rst, &[next], Logits::Last, None)
+                .expect("reference");
+        }
+        eprintln!("{} positions: decode matches the reference", p.len());
+        alone.push((steps, got));
+        states.push(start);
+    }
+    // Again from the states after the prompts: each alone (the same bits again), then both
+    // in each step, with and without CUDA graphs.
+    let mut bad = Vec::new();
+    for (mode, together, graphs) in [
+        ("alone again", false, true),
+        ("together", true, true),
+        ("together, no graphs", true, false),
+    ] {
+        let mut cuda = open();
+        cuda.graphs = graphs;
+        let mut fw = Forward::new(cuda);
+        let mut sts = states.to_vec();
+        let mut outs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 2];
+        for i in 0..STEPS {
+            let tokens: Vec<[u32; 1]> = alone.iter().map(|(s, _)| [s[i].0]).collect();
+            let groups: Vec<Vec<usize>> = if together {
+                vec![vec![0, 1]]
+            } else {
+                vec![vec![0], vec![1]]
+            };
+            for g in groups {
+                let mut got: Vec<Vec<f32>> = vec![Vec::new(); g.len()];
+                let mut parts: Vec<Part<'_>> = sts
+                    .iter_mut()
+                    .enumerate()
+                    .filter(|(z, _)| g.contains(z))
+                    .zip(got.iter_mut())
+                    .map(|((z, st), out)| Part {
+                        state: st,
+                        tokens: &tokens[z],
+                        want: Logits::Last,
+                        out,
+                        result: Ok(()),
+                    })
+                    .collect();
+                fw.step_parts(&mut parts);
+                for p in parts {
+                    p.result.expect("step");
+                }
+                for (z, o) in g.into_iter().zip(got) {
+                    outs[z].push(o);
+                }
+            }
+        }
+        for (z, (steps, last)) in alone.iter().enumerate() {
+            for i in 0..STEPS {
+                let want = if i + 1 < STEPS { &steps[i + 1].1 } else { last };
+                let got = &outs[z][i];
+                if !same_bits(got, want) {
+                    let d = got
+                        .iter()
+                        .zip(want)
+                        .map(|(a, b)| (a - b).abs())
+                        .fold(0.0f32, f32::max);
+                    eprintln!("{mode}: sequence {z}, step {i}: max |difference| {d:.3e}");
+                    bad.push(format!("{mode}: sequence {z}, step {i}"));
+                }
+            }
+        }
+        if together {
+            assert!(fw.gpu_stats().expect("gpu stats").batched_steps >= STEPS as u64);
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "logits differ from the first run alone: {bad:?}"
+    );
 }
