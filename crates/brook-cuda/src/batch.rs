@@ -178,8 +178,7 @@ impl CudaModel {
             }
             let wanted = seqs.iter().any(|s| s.want != Logits::None);
             if wanted {
-                let mut all = vec![0.0f32; n * v];
-                self.gpu.copy_out(b.logits.ptr, &mut all)?;
+                let all = self.host_logits.read(&self.gpu, b.logits.ptr, n * v)?;
                 for (s, row) in seqs.iter_mut().zip(all.chunks_exact(v)) {
                     if s.want != Logits::None {
                         s.logits.extend_from_slice(row);

@@ -148,3 +148,46 @@ impl Drop for Pinned {
         }
     }
 }
+
+/// Logits read back from the GPU through page-locked staging: one DMA at full PCIe speed,
+/// then one host copy into the caller's vectors. A copy into pageable memory goes through the
+/// driver's own staging in pieces, and the batched step's fresh vector for 16 sequences also
+/// paged in and zeroed 16 MB every step. Grown on demand up to [`HostLogits::MAX_PINNED`];
+/// beyond that, or where memory can't be page-locked, plain copies.
+#[derive(Debug, Default)]
+pub struct HostLogits {
+    pinned: Option<Pinned>,
+    /// Page-locking failed once: plain copies from then on.
+    unpinned: bool,
+    plain: Vec<f32>,
+}
+
+impl HostLogits {
+    /// The most staging kept page-locked (a prompt's logits for every token go plainly).
+    pub const MAX_PINNED: usize = 64 << 20;
+
+    /// The `floats` values at `src` on the GPU, once the stream has reached them.
+    pub fn read(&mut self, gpu: &Arc<Gpu>, src: u64, floats: usize) -> Result<&[f32]> {
+        let bytes = floats * 4;
+        let pin = bytes <= Self::MAX_PINNED && !self.unpinned;
+        if pin && self.pinned.as_ref().is_none_or(|p| p.bytes < bytes) {
+            self.pinned = None;
+            match Pinned::new(gpu, bytes) {
+                Ok(p) => self.pinned = Some(p),
+                Err(e) => {
+                    tracing::debug!("page-locked staging for logits: {e}; copying plainly");
+                    self.unpinned = true;
+                }
+            }
+        }
+        if let Some(p) = self.pinned.as_mut().filter(|_| pin) {
+            gpu.copy_out(src, &mut p.as_mut_slice()[..bytes])?;
+            // SAFETY: page-locked allocations are page-aligned and hold `bytes` bytes, just
+            // written; any bits are a float.
+            return Ok(unsafe { std::slice::from_raw_parts(p.ptr() as *const f32, floats) });
+        }
+        self.plain.resize(floats, 0.0);
+        gpu.copy_out(src, &mut self.plain[..floats])?;
+        Ok(&self.plain[..floats])
+    }
+}

@@ -93,6 +93,8 @@ pub struct CudaModel {
     pub graphs: bool,
     /// Logits of the tokens of a small chunk that nobody asked for.
     spare: Vec<f32>,
+    /// Page-locked staging the logits come back through.
+    pub(crate) host_logits: crate::buffers::HostLogits,
     /// A replayed routing's experts for the step being run (made on first use).
     pub(crate) given: Option<crate::given::GivenIds>,
     /// Buffers of the steps of several sequences (`max_seqs` > 1).
@@ -224,6 +226,7 @@ impl CudaModel {
             batched_steps: 0,
             graphs: opts.graphs,
             spare: Vec::new(),
+            host_logits: Default::default(),
             given: None,
             batch: None,
             prefetch: std::env::var("BROOK_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
@@ -310,9 +313,10 @@ impl CudaModel {
             let x = self.s.normed.ptr + ((t - rows) * h * 4) as u64;
             self.linear(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
         }
-        let at = out.len();
-        out.resize(at + rows * v, 0.0);
-        self.gpu.copy_out(self.s.logits.ptr, &mut out[at..])?;
+        let logits = self
+            .host_logits
+            .read(&self.gpu, self.s.logits.ptr, rows * v)?;
+        out.extend_from_slice(logits);
         self.syncs += 1;
         Ok(())
     }
