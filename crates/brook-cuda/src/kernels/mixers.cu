@@ -225,6 +225,78 @@ extern "C" __global__ void attn_prep(const float* __restrict__ qg, const float* 
             vc[((long long)pos * nkv + (head - nq)) * hd + i] = v[((long long)t * nkv + (head - nq)) * hd + i];
 }
 
+// Sequence z of a step of several (`seqs`: its key and value caches, `[z][2]`): its caches,
+// its position in meta, and its rows (`rows` floats each) of the query, gate and output.
+__device__ __forceinline__ void attn_seq(const u64* __restrict__ seqs, int z, int rows,
+                                         const float* __restrict__& kc,
+                                         const float* __restrict__& vc,
+                                         const int* __restrict__& meta,
+                                         const float* __restrict__& q,
+                                         const float* __restrict__& gate,
+                                         float* __restrict__& out) {
+    kc = (const float*)seqs[2 * z];
+    vc = (const float*)seqs[2 * z + 1];
+    meta += z;
+    long long off = (long long)z * rows;
+    q += off;
+    gate += off;
+    out += off;
+}
+
+// One tile of n ≤ blockDim positions from `base` for a query staged in qs: the scores (a warp
+// four positions at a time, its lanes along the head: coalesced rows of the cache), the
+// online softmax's running max m and sum l, and acc[i] += p·v for dimension tid + i·blockDim.
+// kb and vb point at the query's kv head in position 0's row; ps holds blockDim floats.
+__device__ __forceinline__ void attend_tile(const float* qs, float* ps, float* red,
+                                            const float* __restrict__ kb,
+                                            const float* __restrict__ vb, long long stride,
+                                            int hd, float scale, int base, int n, float& m,
+                                            float& l, float (&acc)[4]) {
+    int tid = threadIdx.x, nt = blockDim.x, lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    for (int j0 = warp * 4; j0 < n; j0 += nw * 4) {
+        float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int i = lane; i < hd; i += 32) {
+            float qv = qs[i];
+#pragma unroll
+            for (int u = 0; u < 4; u++)
+                if (j0 + u < n) d[u] = fmaf(qv, kb[(long long)(base + j0 + u) * stride + i], d[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < 4; u++) {
+            float tot = warp_sum(d[u]);
+            if (lane == 0 && j0 + u < n) ps[j0 + u] = tot * scale;
+        }
+    }
+    __syncthreads();
+    float sc = tid < n ? ps[tid] : -INFINITY;
+    float mt = warp_max(sc);
+    if (lane == 0) red[warp] = mt;
+    __syncthreads();
+    mt = -INFINITY;
+    for (int i = 0; i < nw; i++) mt = fmaxf(mt, red[i]);
+    float mn = fmaxf(m, mt);
+    float e = tid < n ? expf(sc - mn) : 0.0f;
+    __syncthreads();   // every thread has read red and ps
+    ps[tid] = e;
+    float st = block_sum(e, red);
+    float corr = expf(m - mn);
+    l = l * corr + st;
+    for (int i = 0; i < 4; i++) acc[i] *= corr;
+    __syncthreads();
+#pragma unroll 4
+    for (int pp = 0; pp < n; pp++) {
+        const float* vp = vb + (long long)(base + pp) * stride;
+        float pr = ps[pp];
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            int dd = tid + i * nt;
+            if (dd < hd) acc[i] = fmaf(pr, vp[dd], acc[i]);
+        }
+    }
+    m = mn;
+    __syncthreads();
+}
+
 // Causal attention with GQA over the cache, online softmax in tiles of blockDim positions;
 // output multiplied by sigmoid(gate). Block (t, head), 128 threads, hd ≤ 512. With `seqs`
 // as attn_prep's.
@@ -234,16 +306,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
                                      int nq, int nkv, int hd, int gated, float scale,
                                      const u64* __restrict__ seqs) {
     PDL_SYNC();
-    if (seqs) {
-        int z = blockIdx.z;
-        kc = (const float*)seqs[2 * z];
-        vc = (const float*)seqs[2 * z + 1];
-        meta += z;
-        long long off = (long long)z * nq * hd;
-        q += off;
-        gate += off;
-        out += off;
-    }
+    if (seqs) attn_seq(seqs, blockIdx.z, nq * hd, kc, vc, meta, q, gate, out);
     extern __shared__ float sh[];   // q[hd], p[blockDim]
     __shared__ float red[32];
     float* qs = sh;
@@ -256,53 +319,9 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
     long long stride = (long long)nkv * hd;
-    int lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
-    const float* kb = kc + kvh * hd;
-    for (int base = 0; base < visible; base += nt) {
-        int p = base + tid, n = min(nt, visible - base);
-        // Scores: a warp four positions at a time, its lanes along the head (coalesced rows).
-        for (int j0 = warp * 4; j0 < n; j0 += nw * 4) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int i = lane; i < hd; i += 32) {
-                float qv = qs[i];
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (j0 + u < n) d[u] = fmaf(qv, kb[(long long)(base + j0 + u) * stride + i], d[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                float tot = warp_sum(d[u]);
-                if (lane == 0 && j0 + u < n) ps[j0 + u] = tot * scale;
-            }
-        }
-        __syncthreads();
-        float sc = p < visible ? ps[tid] : -INFINITY;
-        float mt = warp_max(sc);
-        if (lane == 0) red[warp] = mt;
-        __syncthreads();
-        mt = -INFINITY;
-        for (int i = 0; i < (nt >> 5); i++) mt = fmaxf(mt, red[i]);
-        float mn = fmaxf(m, mt);
-        float e = p < visible ? expf(sc - mn) : 0.0f;
-        __syncthreads();   // every thread has read red and ps
-        ps[tid] = e;
-        float st = block_sum(e, red);
-        float corr = expf(m - mn);
-        l = l * corr + st;
-        for (int i = 0; i < 4; i++) acc[i] *= corr;
-        __syncthreads();
-#pragma unroll 4
-        for (int pp = 0; pp < n; pp++) {
-            const float* vp = vc + (long long)(base + pp) * stride + kvh * hd;
-            float pr = ps[pp];
-            for (int i = 0; i < 4; i++) {
-                int d = tid + i * nt;
-                if (d < hd) acc[i] = fmaf(pr, vp[d], acc[i]);
-            }
-        }
-        m = mn;
-        __syncthreads();
-    }
+    for (int base = 0; base < visible; base += nt)
+        attend_tile(qs, ps, red, kc + kvh * hd, vc + kvh * hd, stride, hd, scale, base,
+                    min(nt, visible - base), m, l, acc);
     for (int i = 0; i < 4; i++) {
         int d = tid + i * nt;
         if (d >= hd) continue;
@@ -331,15 +350,7 @@ extern "C" __global__ void attention_dec(const float* __restrict__ q, const floa
                                          unsigned* __restrict__ count) {
     PDL_SYNC();
     int z = blockIdx.z, head = blockIdx.y, s = blockIdx.x, tid = threadIdx.x, nt = blockDim.x;
-    if (seqs) {
-        kc = (const float*)seqs[2 * z];
-        vc = (const float*)seqs[2 * z + 1];
-        meta += z;
-        long long off = (long long)z * nq * hd;
-        q += off;
-        gate += off;
-        out += off;
-    }
+    if (seqs) attn_seq(seqs, z, nq * hd, kc, vc, meta, q, gate, out);
     int visible = meta[0] + 1;
     int len = ((visible + gridDim.x - 1) / gridDim.x + 31) & ~31;
     int active = (visible + len - 1) / len;
@@ -349,7 +360,7 @@ extern "C" __global__ void attention_dec(const float* __restrict__ q, const floa
     __shared__ int last;
     float* qs = sh;
     float* ps = sh + hd;
-    int kvh = head / (nq / nkv), lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
+    int kvh = head / (nq / nkv);
     for (int i = tid; i < hd; i += nt) qs[i] = q[(long long)head * hd + i];
     __syncthreads();
     long long stride = (long long)nkv * hd;
@@ -358,52 +369,8 @@ extern "C" __global__ void attention_dec(const float* __restrict__ q, const floa
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     float m = -INFINITY, l = 0.0f;
     int p1 = min(visible, (s + 1) * len);
-    for (int base = s * len; base < p1; base += nt) {
-        int n = min(nt, p1 - base);
-        // Scores: a warp four positions at a time, its lanes along the head (coalesced rows).
-        for (int j0 = warp * 4; j0 < n; j0 += nw * 4) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-            for (int i = lane; i < hd; i += 32) {
-                float qv = qs[i];
-#pragma unroll
-                for (int u = 0; u < 4; u++)
-                    if (j0 + u < n) d[u] = fmaf(qv, kb[(long long)(base + j0 + u) * stride + i], d[u]);
-            }
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                float tot = warp_sum(d[u]);
-                if (lane == 0 && j0 + u < n) ps[j0 + u] = tot * scale;
-            }
-        }
-        __syncthreads();
-        float sc = tid < n ? ps[tid] : -INFINITY;
-        float mt = warp_max(sc);
-        if (lane == 0) red[warp] = mt;
-        __syncthreads();
-        mt = -INFINITY;
-        for (int i = 0; i < nw; i++) mt = fmaxf(mt, red[i]);
-        float mn = fmaxf(m, mt);
-        float e = tid < n ? expf(sc - mn) : 0.0f;
-        __syncthreads();   // every thread has read red and ps
-        ps[tid] = e;
-        float st = block_sum(e, red);
-        float corr = expf(m - mn);
-        l = l * corr + st;
-        for (int i = 0; i < 4; i++) acc[i] *= corr;
-        __syncthreads();
-#pragma unroll 4
-        for (int pp = 0; pp < n; pp++) {
-            const float* vp = vb + (long long)(base + pp) * stride;
-            float pr = ps[pp];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                int d = tid + i * nt;
-                if (d < hd) acc[i] = fmaf(pr, vp[d], acc[i]);
-            }
-        }
-        m = mn;
-        __syncthreads();
-    }
+    for (int base = s * len; base < p1; base += nt)
+        attend_tile(qs, ps, red, kb, vb, stride, hd, scale, base, min(nt, p1 - base), m, l, acc);
     int pid = z * nq + head;
     float* mine = part + ((long long)pid * gridDim.x + s) * (hd + 2);
     if (tid == 0) {
