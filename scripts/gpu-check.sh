@@ -17,7 +17,8 @@
 # prints a table per model; with every expert resident it also times batched steps of 1, 2,
 # 4, 8 and 16 sequences (gpu_steps, the engine alone; STEPS_SIZES changes them, "" skips);
 # NCU_SEQS=N adds each kernel's time in a step of N sequences (ncu, graphs off;
-# scripts/ncu_summary.py), SERVE_STREAMS=N the server's aggregate for N streams against one
+# scripts/ncu_summary.py), DEPTHS="0 4096 ..." resident decode after that many tokens of
+# context, SERVE_STREAMS=N the server's aggregate for N streams against one
 # (scripts/bench_parallel.sh, needs the openai module: `pip install --no-index --find-links
 # dist/wheels --target /tmp/py openai` and PYTHONPATH=/tmp/py where nothing can be fetched).
 # BENCH_ARGS changes the bench flags (default -p 512 -n 64 -r 2),
@@ -113,6 +114,16 @@ run)
                             "$NCU_SEQS" 1 >"$work/ncu.csv" 2>/dev/null &&
                             python3 scripts/ncu_summary.py "$work/ncu.csv" || echo "ncu failed ($b)"
                     fi
+                fi
+                if [ "$budget" = resident ] && [ -n "${DEPTHS:-}" ]; then
+                    # Decode deep in the context: each depth prefilled untimed, then 64 tokens.
+                    for d in $DEPTHS; do
+                        printf '== depth %s %s (%s): ' "$d" "$m" "$b"
+                        "$b/brook" bench --model "$work/model" --backend cuda -p 0 -n 64 -d "$d" \
+                            -r 1 --disk-secs 0 --context $((d + 128)) --json 2>/dev/null |
+                            python3 -c 'import json,sys; r=json.load(sys.stdin); print("tg %.1f tok/s" % r["tg_tok_s"])' ||
+                            echo "failed"
+                    done
                 fi
                 if [ "$budget" = resident ] && [ -n "${SERVE_STREAMS:-}" ]; then
                     # Through the server with the openai client (PYTHONPATH or an installed
