@@ -178,12 +178,14 @@ impl CudaModel {
             }
             let wanted = seqs.iter().any(|s| s.want != Logits::None);
             if wanted {
-                let all = self.host_logits.read(&self.gpu, b.logits.ptr, n * v)?;
-                for (s, row) in seqs.iter_mut().zip(all.chunks_exact(v)) {
-                    if s.want != Logits::None {
-                        s.logits.extend_from_slice(row);
-                    }
-                }
+                self.host_logits
+                    .read(&self.gpu, b.logits.ptr, n * v, |all| {
+                        for (s, row) in seqs.iter_mut().zip(all.chunks_exact(v)) {
+                            if s.want != Logits::None {
+                                s.logits.extend_from_slice(row);
+                            }
+                        }
+                    })?;
             } else {
                 self.gpu.sync()?;
             }

@@ -153,21 +153,27 @@ impl Drop for Pinned {
 /// then one host copy into the caller's vectors. A copy into pageable memory goes through the
 /// driver's own staging in pieces, and the batched step's fresh vector for 16 sequences also
 /// paged in and zeroed 16 MB every step. Grown on demand up to [`HostLogits::MAX_PINNED`];
-/// beyond that, or where memory can't be page-locked, plain copies.
+/// beyond that (a prompt's logits for every token), or where memory can't be page-locked, a
+/// plain copy through a vector of the call's own, so nothing that large stays held.
 #[derive(Debug, Default)]
 pub struct HostLogits {
     pinned: Option<Pinned>,
     /// Page-locking failed once: plain copies from then on.
     unpinned: bool,
-    plain: Vec<f32>,
 }
 
 impl HostLogits {
-    /// The most staging kept page-locked (a prompt's logits for every token go plainly).
+    /// The most staging kept page-locked.
     pub const MAX_PINNED: usize = 64 << 20;
 
-    /// The `floats` values at `src` on the GPU, once the stream has reached them.
-    pub fn read(&mut self, gpu: &Arc<Gpu>, src: u64, floats: usize) -> Result<&[f32]> {
+    /// Hands `take` the `floats` values at `src` on the GPU, once the stream has reached them.
+    pub fn read(
+        &mut self,
+        gpu: &Arc<Gpu>,
+        src: u64,
+        floats: usize,
+        take: impl FnOnce(&[f32]),
+    ) -> Result<()> {
         let bytes = floats * 4;
         let pin = bytes <= Self::MAX_PINNED && !self.unpinned;
         if pin && self.pinned.as_ref().is_none_or(|p| p.bytes < bytes) {
@@ -184,10 +190,12 @@ impl HostLogits {
             gpu.copy_out(src, &mut p.as_mut_slice()[..bytes])?;
             // SAFETY: page-locked allocations are page-aligned and hold `bytes` bytes, just
             // written; any bits are a float.
-            return Ok(unsafe { std::slice::from_raw_parts(p.ptr() as *const f32, floats) });
+            take(unsafe { std::slice::from_raw_parts(p.ptr() as *const f32, floats) });
+            return Ok(());
         }
-        self.plain.resize(floats, 0.0);
-        gpu.copy_out(src, &mut self.plain[..floats])?;
-        Ok(&self.plain[..floats])
+        let mut plain = vec![0.0f32; floats];
+        gpu.copy_out(src, &mut plain)?;
+        take(&plain);
+        Ok(())
     }
 }

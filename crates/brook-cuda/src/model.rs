@@ -313,10 +313,9 @@ impl CudaModel {
             let x = self.s.normed.ptr + ((t - rows) * h * 4) as u64;
             self.linear(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
         }
-        let logits = self
-            .host_logits
-            .read(&self.gpu, self.s.logits.ptr, rows * v)?;
-        out.extend_from_slice(logits);
+        let src = self.s.logits.ptr;
+        self.host_logits
+            .read(&self.gpu, src, rows * v, |l| out.extend_from_slice(l))?;
         self.syncs += 1;
         Ok(())
     }
