@@ -398,22 +398,10 @@ impl Gpu {
         for (i, p) in ptrs.iter_mut().enumerate().take(args.n) {
             *p = args.store[i].as_mut_ptr() as *mut c_void;
         }
-        if self.on_side.load(Ordering::Relaxed) {
-            // SAFETY: as below, on the side stream (no overlap of launches there).
-            return unsafe {
-                result::launch_kernel(
-                    f.0,
-                    grid,
-                    (block, 1, 1),
-                    smem,
-                    self.side,
-                    &mut ptrs[..args.n],
-                )
-            }
-            .map_err(|e| err("launching a kernel", e));
-        }
-        // Overlap only a kernel that follows a kernel: copies and events keep full ordering.
-        let after = self.after_kernel.swap(true, Ordering::Relaxed);
+        // The side stream's launches never overlap; on the main stream, only a kernel that
+        // follows a kernel does (copies and events keep full ordering).
+        let side = self.on_side.load(Ordering::Relaxed);
+        let after = !side && self.after_kernel.swap(true, Ordering::Relaxed);
         if self.pdl && after && self.pdl_now.load(Ordering::Relaxed) {
             // SAFETY: plain data; every field used is set below.
             let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
@@ -440,17 +428,11 @@ impl Gpu {
             .result()
             .map_err(|e| err("launching a kernel", e));
         }
+        let stream = if side { self.side } else { self.stream };
         // SAFETY: f is a kernel of our module; every argument was pushed in the order and
         // with the type the kernel declares (kernels/*.cu), and lives in `args` for the call.
         unsafe {
-            result::launch_kernel(
-                f.0,
-                grid,
-                (block, 1, 1),
-                smem,
-                self.stream,
-                &mut ptrs[..args.n],
-            )
+            result::launch_kernel(f.0, grid, (block, 1, 1), smem, stream, &mut ptrs[..args.n])
         }
         .map_err(|e| err("launching a kernel", e))
     }
