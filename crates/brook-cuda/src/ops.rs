@@ -286,25 +286,26 @@ pub fn qmv_experts(
         return g.launch(g.k.swiglu_tc, grid, 128, tc_bytes as u32, &mut a);
     }
     let smem = smem_for(g, m1.cols as usize)?;
-    if swiglu {
-        // Two gate and two up rows per warp step.
+    // The CUDA cores' two kernels differ in one argument: vectors a token (SwiGLU, two gate
+    // and two up rows per warp step) or the input's divisor.
+    let (kernel, bx, ny, differs) = if swiglu {
         let bx = blocks_for(sms, m1.rows as usize, 2, nvec * tokens);
-        a.arg(per)
-            .arg(shared[0])
-            .arg(shared[1])
-            .arg(x)
-            .arg(y)
-            .arg(ys);
-        return g.launch(g.k.qmv_swiglu, (bx, ny, 1), 256, smem, &mut a);
-    }
-    let bx = blocks_for(sms, rows, 1, nvec);
-    a.arg(xdiv)
+        (g.k.qmv_swiglu, bx, ny, per)
+    } else {
+        (
+            g.k.qmv_sel,
+            blocks_for(sms, rows, 1, nvec),
+            nvec as u32,
+            xdiv,
+        )
+    };
+    a.arg(differs)
         .arg(shared[0])
         .arg(shared[1])
         .arg(x)
         .arg(y)
         .arg(ys);
-    g.launch(g.k.qmv_sel, (bx, nvec as u32, 1), 256, smem, &mut a)
+    g.launch(kernel, (bx, ny, 1), 256, smem, &mut a)
 }
 
 /// Whether [`moe_down`] takes these down projections for `k` experts: 4- or 8-bit codes in
