@@ -297,6 +297,20 @@ __device__ __forceinline__ void attend_tile(const float* qs, float* ps, float* r
     __syncthreads();
 }
 
+// A head's output at `at0` from this thread's dimensions tid + i·blockDim: acc / l, times
+// sigmoid(gate) where the attention is gated.
+__device__ __forceinline__ void attn_write(const float (&acc)[4], float l, int hd, int gated,
+                                           long long at0, const float* __restrict__ gate,
+                                           float* __restrict__ out) {
+    for (int i = 0; i < 4; i++) {
+        int d = threadIdx.x + i * blockDim.x;
+        if (d >= hd) continue;
+        float val = acc[i] / l;
+        if (gated) val *= sigmoidf_(gate[at0 + d]);
+        out[at0 + d] = val;
+    }
+}
+
 // Causal attention with GQA over the cache, online softmax in tiles of blockDim positions;
 // output multiplied by sigmoid(gate). Block (t, head), 128 threads, hd ≤ 512. With `seqs`
 // as attn_prep's.
@@ -322,14 +336,7 @@ extern "C" __global__ void attention(const float* __restrict__ q, const float* _
     for (int base = 0; base < visible; base += nt)
         attend_tile(qs, ps, red, kc + kvh * hd, vc + kvh * hd, stride, hd, scale, base,
                     min(nt, visible - base), m, l, acc);
-    for (int i = 0; i < 4; i++) {
-        int d = tid + i * nt;
-        if (d >= hd) continue;
-        long long at = ((long long)t * nq + head) * hd + d;
-        float val = acc[i] / l;
-        if (gated) val *= sigmoidf_(gate[at]);
-        out[at] = val;
-    }
+    attn_write(acc, l, hd, gated, ((long long)t * nq + head) * hd, gate, out);
 }
 
 // Decode attention split over the positions (flash decoding), for steps of one token a
@@ -400,13 +407,6 @@ extern "C" __global__ void attention_dec(const float* __restrict__ q, const floa
             if (d < hd) o[i] = fmaf(__ldcg(pj + 2 + d), w, o[i]);
         }
     }
-    for (int i = 0; i < 4; i++) {
-        int d = tid + i * nt;
-        if (d >= hd) continue;
-        long long at = (long long)head * hd + d;
-        float val = o[i] / sum;
-        if (gated) val *= sigmoidf_(gate[at]);
-        out[at] = val;
-    }
+    attn_write(o, sum, hd, gated, (long long)head * hd, gate, out);
     if (tid == 0) count[pid] = 0u;
 }
