@@ -180,11 +180,11 @@ impl CudaModel {
             if wanted {
                 self.host_logits
                     .read(&self.gpu, b.logits.ptr, n * v, |all| {
-                        for (s, row) in seqs.iter_mut().zip(all.chunks_exact(v)) {
-                            if s.want != Logits::None {
-                                s.logits.extend_from_slice(row);
-                            }
-                        }
+                        let mut outs: Vec<_> = seqs
+                            .iter_mut()
+                            .map(|s| (s.want != Logits::None).then_some(&mut *s.logits))
+                            .collect();
+                        crate::buffers::spread_rows(all, v, &mut outs);
                     })?;
             } else {
                 self.gpu.sync()?;

@@ -9,12 +9,18 @@ use brook_core::engine::{Forward, Part};
 /// Times `steps` decode steps of `k` sequences (after two warm-up steps) and prints the
 /// median step time and the aggregate tokens per second. `BROOK_SAME=1`: every sequence
 /// feeds the same tokens, so they route alike and each expert is read once for all (what
-/// sharing the experts is worth).
+/// sharing the experts is worth). `BROOK_NO_LOGITS=1`: no step hands back logits (every
+/// sequence feeds its first token again), which says what reading them to the host costs.
 pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Result<f64> {
     let v = fw.engine().model().cfg.vocab_size;
     let mut states: Vec<_> = (0..k).map(|_| fw.new_state(512)).collect();
     let mut outs = vec![Vec::new(); k];
     let same = std::env::var_os("BROOK_SAME").is_some();
+    let want = if std::env::var_os("BROOK_NO_LOGITS").is_some() {
+        Logits::None
+    } else {
+        Logits::Last
+    };
     let mut toks: Vec<u32> = (0..k as u32)
         .map(|i| if same { 100 } else { 100 + 7 * i })
         .collect();
@@ -32,7 +38,7 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
                     Part {
                         state,
                         tokens: id,
-                        want: Logits::Last,
+                        want,
                         out,
                         result: Ok(()),
                     }
@@ -46,7 +52,7 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
         if s >= 2 {
             times.push(t.elapsed().as_secs_f64());
         }
-        for (t, o) in toks.iter_mut().zip(&outs) {
+        for (t, o) in toks.iter_mut().zip(&outs).filter(|(_, o)| !o.is_empty()) {
             let best = (0..v).fold(0, |b, i| if o[i] > o[b] { i } else { b });
             *t = best as u32;
         }

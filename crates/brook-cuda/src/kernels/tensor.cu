@@ -223,13 +223,27 @@ __device__ __forceinline__ TcRow tc_stack_row(const Mat& m0, const Mat& m1, cons
     return tc_row<ST, G>(pick(m0, m1, m2, m3, i), 0, l);
 }
 
+// The first loads of a warp's next tile (when it has one), issued as soon as its last tile's
+// loads are consumed: into the same registers, now free, so they are in flight while that
+// tile's partial sums meet and are stored. Whether there was one.
+template <int ST, int G, typename RowsOf>
+__device__ __forceinline__ bool tc_next(int tile, int tiles, int cb, TcLoads<ST, G>& f,
+                                        RowsOf rows_of) {
+    if (tile >= tiles) return false;
+    TcRow row[2];
+    rows_of(tile, row);
+    tc_issue<ST, G>(row, cb, f);
+    return true;
+}
+
 // The tiles of one staged vector, `split` warps to a tile: warp w of a block takes tile
 // w / split of the block's step and chunks [slice·nch/split, (slice + 1)·nch/split) of it
 // (slice = w % split), the blocks striding over the tiles; the slices' partial sums meet
 // in `part` (two buffers of 16 floats per warp, alternating, so one barrier a step
 // suffices) and slice 0 adds them in order. rows_of(tile, row) names a tile's rows;
 // out(tile, o) takes its totals (lanes with t = 0). `issued`: the warp's first tile's first
-// chunks are already in f. Every warp of the block runs the same number of steps.
+// chunks are already in f (each next tile's are issued by tc_next). Every warp of the block
+// runs the same number of steps.
 template <int ST, int G, typename RowsOf, typename Out>
 __device__ __forceinline__ void tc_tiles(int tiles, int split, int nch, const uint4* fr,
                                          const float* sx, float* part, TcLoads<ST, G>& f,
@@ -247,7 +261,7 @@ __device__ __forceinline__ void tc_tiles(int tiles, int split, int nch, const ui
             if (!issued) tc_issue<ST, G>(row, cb, f);
             tc_rows<ST, G>(row, cb, cb + cs, f, fr, sx, o);
         }
-        issued = false;
+        issued = tc_next<ST, G>(tile + gridDim.x * per, tiles, cb, f, rows_of);
         if (split == 1) {
             if (tile < tiles && (lane & 3) == 0) out(tile, o);
             continue;
@@ -416,7 +430,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     tc_stage(h, I, K, I, fr, sx);
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
     __syncthreads();
-    for (bool issued = true; r0 < down.rows; r0 += gridDim.x * 16, issued = false) {
+    for (bool issued = true; r0 < down.rows; r0 += gridDim.x * 16) {
         float acc[2] = {0.0f, 0.0f};
         for (int e = warp; e <= K; e += nw) {
             // Routed vector e < K (its slot; none: no output) or the shared one (e = K).
@@ -437,6 +451,16 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
             float w = routed ? wts[e] : sigmoidf_(sg[0]);
             acc[0] = fmaf(w, o[0], acc[0]);
             acc[1] = fmaf(w, o[1], acc[1]);
+        }
+        // The next tile's first vector (the same expert) goes out now, while this tile's
+        // partial sums meet: f is free.
+        int next = r0 + gridDim.x * 16;
+        issued = next < down.rows && (warp == K || first != 0);
+        if (issued) {
+            const Mat& m = warp == K ? sdown : down;
+            row[0] = tc_row<ST, G>(m, first, next + g);
+            row[1] = tc_row<ST, G>(m, first, next + g + 8);
+            tc_issue<ST, G>(row, 0, f);
         }
         if ((lane & 3) == 0) {
             part[warp * 16 + g] = acc[0];

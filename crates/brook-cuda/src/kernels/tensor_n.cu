@@ -115,7 +115,7 @@ __device__ __forceinline__ void tc_tiles_n(int tiles, int split, int nch, int n,
             if (!issued) tc_issue<ST, G>(row, cb, f);
             tc_rows_n<ST, G, NV>(row, cb, cb + cs, nch, f, fr, sx, o);
         }
-        issued = false;
+        issued = tc_next<ST, G>(tile + gridDim.x * per, tiles, cb, f, rows_of);
         if (split == 1) {
             if (tile < tiles && holds)
 #pragma unroll
