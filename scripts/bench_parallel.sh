@@ -9,7 +9,8 @@
 # Prints the machine (CPU model, AVX-512 features), the date and commit, then one line per run
 # from scripts/bench_serve.py (needs the `openai` package) with the engine's steps over the run
 # from /metrics: tokens a step, and how busy the engine was (the time inside its steps against
-# the run's wall time; the rest went to sampling, text, HTTP and scheduling).
+# the run's wall time) and how long it waited between steps for the streams' next tokens (their
+# sampling, text and streaming; the rest of the idle time went to HTTP and scheduling).
 set -euo pipefail
 brook=$1 model=$2 flags=$3 n=$4 rounds=${5:-2} max=${6:-128}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,7 +41,8 @@ for line in urllib.request.urlopen(sys.argv[1]).read().decode().splitlines():
         k, v = line.rsplit(" ", 1)
         m[k] = float(v)
 print(m.get("brook_engine_steps_total", 0), m.get("brook_engine_tokens_total", 0),
-      m.get("brook_engine_busy_seconds_total", 0), time.time())
+      m.get("brook_engine_busy_seconds_total", 0), m.get("brook_engine_gather_seconds_total", 0),
+      time.time())
 PY
 }
 for _ in $(seq "$rounds"); do
@@ -52,8 +54,8 @@ for _ in $(seq "$rounds"); do
         # text, HTTP, scheduling).
         engine=$(python3 -c 'import sys
 a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
-steps, toks, busy, wall = (y - x for x, y in zip(a, b))
-print(f"{steps:.0f} steps, {toks / max(steps, 1):.1f} tokens a step, engine busy {100 * busy / wall:.0f}% ({1e3 * busy / max(steps, 1):.1f} ms a step)")' \
+steps, toks, busy, gather, wall = (y - x for x, y in zip(a, b))
+print(f"{steps:.0f} steps, {toks / max(steps, 1):.1f} tokens a step, engine busy {100 * busy / wall:.0f}% ({1e3 * busy / max(steps, 1):.1f} ms a step), waiting for the streams {100 * gather / wall:.0f}% ({1e3 * gather / max(steps, 1):.2f} ms a step)")' \
             "$before" "$(counters)")
         echo "concurrency $c: $line; $engine"
         if [ "${CURL_CHECK:-0}" = 1 ]; then
@@ -78,8 +80,8 @@ for _ in range(int(sys.argv[1])):
             python3 -c 'import sys
 a = [float(x) for x in sys.argv[1].split()]; b = [float(x) for x in sys.argv[2].split()]
 wall = float(sys.argv[4]) - float(sys.argv[3]); n = int(sys.argv[5]) * int(sys.argv[6])
-steps, busy = b[0] - a[0], b[2] - a[2]
-print(f"concurrency {sys.argv[5]} (curl): aggregate {n / wall:.2f} tok/s; {steps:.0f} steps, engine busy {100 * busy / wall:.0f}%")' \
+steps, busy, gather = b[0] - a[0], b[2] - a[2], b[3] - a[3]
+print(f"concurrency {sys.argv[5]} (curl): aggregate {n / wall:.2f} tok/s; {steps:.0f} steps, engine busy {100 * busy / wall:.0f}%, waiting for the streams {100 * gather / wall:.0f}% ({1e3 * gather / max(steps, 1):.2f} ms a step)")' \
                 "$before" "$(counters)" "$t0" "$t1" "$c" "$max"
         fi
     done

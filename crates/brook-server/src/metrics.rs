@@ -236,6 +236,12 @@ impl Metrics {
             &one(g.engine.busy_us as f64 / 1e6),
         );
         metric(
+            "engine_gather_seconds_total",
+            "counter",
+            "Time the engine waited between steps for the sequences generating to hand in their next tokens (sampling, text and streaming on their threads).",
+            &one(g.engine.gather_us as f64 / 1e6),
+        );
+        metric(
             "engine_tokens_total",
             "counter",
             "Tokens the engine fed (prompts and generated).",

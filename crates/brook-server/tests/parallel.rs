@@ -150,6 +150,12 @@ fn parallel_requests_share_steps_and_answer_what_they_answer_alone() {
         busy > 0.0 && busy <= wall,
         "engine busy {busy} s of {wall} s"
     );
+    // Waiting for the streams' next tokens between steps is idle time, not busy time.
+    let gather = d("brook_engine_gather_seconds_total");
+    assert!(
+        gather > 0.0 && busy + gather <= wall,
+        "engine gathering {gather} s and busy {busy} s of {wall} s"
+    );
     assert_eq!(d("brook_requests_total{finish_reason=length}"), 4.0);
     assert_eq!(after["brook_parallel_slots"], 4.0);
     assert_eq!(

@@ -157,17 +157,29 @@ impl Drop for Batcher {
 fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
     let mut active: Vec<Call> = Vec::new();
     loop {
+        // Time waited for the next calls of sequences inside a generation: the wait for the
+        // first call while someone is generating (at most GATHER: longer, nobody's call was
+        // coming, as when the last one's generation ends), then the gathering of the rest.
+        let mut gathered = Duration::ZERO;
         {
             let mut q = lock(&shared.queue);
             if active.is_empty() {
+                let since = Instant::now();
+                let mut callers = q.joined > 0;
                 while q.waiting.is_empty() && !q.closed {
                     q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+                    callers &= q.joined > 0;
                 }
                 if q.closed && q.waiting.is_empty() {
                     return;
                 }
+                let first = since.elapsed();
+                if callers && first <= GATHER {
+                    gathered = first;
+                }
                 // Everyone generating hands in a call, or the wait ends.
-                let until = Instant::now() + GATHER;
+                let start = Instant::now();
+                let until = start + GATHER;
                 while q.waiting.len() < q.joined && !q.closed {
                     let left = until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
@@ -179,10 +191,12 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
                         .unwrap_or_else(|p| p.into_inner())
                         .0;
                 }
+                gathered += start.elapsed();
             }
             active.extend(q.waiting.drain(..));
         }
         let mut fw = lock(forward);
+        fw.count_gather(gathered);
         let caps = fw.engine().caps();
         let (max_seqs, max_tokens, chunk) = (
             caps.max_seqs.max(1),

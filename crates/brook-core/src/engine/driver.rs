@@ -30,6 +30,10 @@ pub struct EngineStats {
     /// host): against wall time, how busy the engine was; the rest went to sampling, text,
     /// scheduling and waiting for callers.
     pub busy_us: u64,
+    /// Microseconds the batch scheduler waited between steps for sequences inside a
+    /// generation to hand in their next call (their sampling, text and streaming, on their
+    /// own threads): the part of the engine's idle time its callers cause.
+    pub gather_us: u64,
     /// Steps each engine has run over this driver's model (any driver), by engine name: a
     /// test can tell that the engine asked for ran and no other did.
     pub model_steps: Vec<(String, u64)>,
@@ -42,6 +46,7 @@ pub struct Counters {
     steps: AtomicU64,
     tokens: AtomicU64,
     busy_us: AtomicU64,
+    gather_us: AtomicU64,
 }
 
 impl Counters {
@@ -53,6 +58,7 @@ impl Counters {
             steps: self.steps.load(Ordering::Relaxed),
             tokens: self.tokens.load(Ordering::Relaxed),
             busy_us: self.busy_us.load(Ordering::Relaxed),
+            gather_us: self.gather_us.load(Ordering::Relaxed),
             model_steps: model.step_counts(),
         }
     }
@@ -272,6 +278,13 @@ impl<'m> Forward<'m> {
             }
             start = end;
         }
+    }
+
+    /// Counts time the batch scheduler waited for its callers (see [`EngineStats::gather_us`]).
+    pub fn count_gather(&self, waited: std::time::Duration) {
+        self.counters
+            .gather_us
+            .fetch_add(waited.as_micros() as u64, Ordering::Relaxed);
     }
 
     /// Counts one call that [`Forward::step_parts`] fed (a request of several steps).
