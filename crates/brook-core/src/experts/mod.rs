@@ -5,7 +5,9 @@ pub mod budget;
 pub mod cache;
 pub mod files;
 pub mod grow;
+mod reuse;
 mod slots;
 pub mod source;
+mod stats;
 
 pub use cache::{CacheStats, Eviction, ExpertCache};

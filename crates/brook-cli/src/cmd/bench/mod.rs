@@ -18,7 +18,9 @@ use brook_core::session::{Event, GenOptions, Routes};
 use brook_core::text::{SamplingParams, StreamOptions, TextStream};
 use serde::{Deserialize, Serialize};
 
+mod parts;
 mod tables;
+use parts::{dense_bytes, gpu_row, mean_sd, model_sizes, simd_label};
 use tables::print_tables;
 
 /// Measure prefill and decode speed, memory and I/O.
@@ -286,15 +288,6 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-fn mean_sd(v: &[f64]) -> (f64, f64) {
-    if v.is_empty() {
-        return (0.0, 0.0);
-    }
-    let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len().max(2) - 1) as f64;
-    (m, var.sqrt())
-}
-
 fn run_one(a: &Args) -> Result<Row> {
     // The GPU's own bandwidths, before the model takes its memory.
     let gpu_bw = if a.model.backend == "cuda" {
@@ -495,36 +488,9 @@ fn run_one(a: &Args) -> Result<Row> {
     } else {
         0.0
     };
+    let disk_limit = (limit_disk_bw > 0.0).then(|| bytes_read_per_token / limit_disk_bw);
     let gpu = match (gpu_before, gpu_after, gpu_bw) {
-        (Some(b), Some(g), Some((hbm, h2d))) => {
-            let copied = per_tok(g.bytes_copied - b.bytes_copied);
-            let n = (g.hits - b.hits) + (g.misses - b.misses);
-            let mut lim = touched / (hbm * 1e9).max(1.0);
-            lim = lim.max(copied / (h2d * 1e9).max(1.0));
-            if limit_disk_bw > 0.0 {
-                lim = lim.max(bytes_read_per_token / limit_disk_bw);
-            }
-            Some(GpuRow {
-                device: g.device,
-                budget_bytes: g.budget_bytes,
-                used_bytes: g.used_bytes,
-                slots: g.slots,
-                resident: g.resident,
-                mapped: g.mapped,
-                prefetched: (g.prefetch_used - b.prefetch_used) as f64
-                    / (g.misses - b.misses).max(1) as f64,
-                hit_rate: if n == 0 {
-                    1.0
-                } else {
-                    (g.hits - b.hits) as f64 / n as f64
-                },
-                bytes_copied_per_token: copied,
-                syncs_per_token: per_tok(g.syncs - b.syncs),
-                hbm_gb_s: hbm,
-                h2d_gb_s: h2d,
-                limit_tok_s: 1.0 / lim,
-            })
-        }
+        (Some(b), Some(g), Some(bw)) => Some(gpu_row(&b, g, bw, touched, steps, disk_limit)),
         _ => None,
     };
     Ok(Row {
@@ -538,18 +504,7 @@ fn run_one(a: &Args) -> Result<Row> {
         budget_bytes: opts.memory_budget,
         threads,
         precision: a.model.precision.clone(),
-        simd: {
-            use brook_core::cpu::kernels::simd::SimdLevel;
-            let l = SimdLevel::detect();
-            let extra = if SimdLevel::has_vnni() {
-                "+vnni"
-            } else if l == SimdLevel::Avx2 && SimdLevel::has_avx_vnni() {
-                "+avxvnni"
-            } else {
-                ""
-            };
-            format!("{}{extra}", l.name())
-        },
+        simd: simd_label(),
         prefetch: model.prefetch && trace.is_none(),
         expert_slots: model
             .experts
@@ -590,55 +545,4 @@ fn run_one(a: &Args) -> Result<Row> {
         backend: llm.engine_stats().engine,
         gpu,
     })
-}
-
-/// Total model bytes and routed-expert bytes (container layer files, or checkpoint files).
-fn model_sizes(dir: &std::path::Path) -> Result<(u64, u64)> {
-    if brook_core::container::is_container(dir) {
-        let c = brook_core::container::Container::open(dir)?;
-        let n = c.manifest.experts.num_experts as u64;
-        let experts: u64 = c
-            .manifest
-            .experts
-            .layers
-            .iter()
-            .map(|l| l.blob_size * n)
-            .sum();
-        Ok((c.manifest.dense.size + experts, experts))
-    } else {
-        let ck = brook_core::Checkpoint::open(dir)?;
-        let total: u64 = ck.files().iter().map(|f| f.file_len().unwrap_or(0)).sum();
-        let experts: u64 = ck
-            .tensor_names()
-            .filter(|n| n.contains(".switch_mlp."))
-            .filter_map(|n| brook_core::TensorSource::info(&ck, n).map(|i| i.len))
-            .sum();
-        Ok((total, experts))
-    }
-}
-
-fn dense_bytes(m: &brook_core::Model) -> usize {
-    let mut total = m.dense.embed_tokens.table_bytes() + m.dense.lm_head.nbytes();
-    for l in &m.dense.layers {
-        use brook_core::model::weights::Mixer;
-        total += match &l.mixer {
-            Mixer::Linear(w) => {
-                w.in_proj_qkv.nbytes()
-                    + w.in_proj_z.nbytes()
-                    + w.in_proj_b.nbytes()
-                    + w.in_proj_a.nbytes()
-                    + w.out_proj.nbytes()
-            }
-            Mixer::Full(w) => {
-                w.q_proj.nbytes() + w.k_proj.nbytes() + w.v_proj.nbytes() + w.o_proj.nbytes()
-            }
-        };
-        let e = &l.mlp.shared_expert;
-        total += l.mlp.gate.nbytes()
-            + l.mlp.shared_expert_gate.nbytes()
-            + e.gate_proj.nbytes()
-            + e.up_proj.nbytes()
-            + e.down_proj.nbytes();
-    }
-    total
 }
