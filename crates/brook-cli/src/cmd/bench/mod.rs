@@ -288,38 +288,45 @@ fn run_child(a: &Args, budget: Option<&str>, threads: Option<usize>) -> Result<R
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-fn run_one(a: &Args) -> Result<Row> {
-    // The GPU's own bandwidths, before the model takes its memory.
-    let gpu_bw = if a.model.backend == "cuda" {
-        Some(
-            brook_cuda::gpu::Gpu::open(0, None)
-                .and_then(|g| brook_cuda::gpu::measure_bandwidth(&g))?,
-        )
-    } else {
-        None
-    };
-    let t0 = Instant::now();
-    let opts = a.model.options()?;
-    let path = a.model.path()?;
-    let llm = a.model.open()?;
-    let model = &llm.model;
-    let open_s = t0.elapsed().as_secs_f64();
-    let cfg = model.cfg.clone();
-    let threads = a
-        .model
-        .threads
-        .first()
-        .copied()
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+/// What the prefill and decode tests measured (see [`run_tests`]).
+struct Runs {
+    /// Prefill tok/s and time to first token of each repetition.
+    pp: Vec<f64>,
+    ttft: Vec<f64>,
+    /// Decode tok/s of each repetition.
+    tg: Vec<f64>,
+    /// Decoded steps in all.
+    steps: u64,
+    /// CPU seconds of the decode tests (the prompts' prefill excluded).
+    decode_cpu_s: f64,
+    /// The expert cache's counters over the decode tests.
+    delta: Option<brook_core::experts::CacheStats>,
+    /// The GPU's counters before and after the decode tests.
+    gpu: Option<(brook_core::engine::GpuStats, brook_core::engine::GpuStats)>,
+    /// The disk's and the memory's bandwidths before and after the decode tests.
+    disk: (f64, f64),
+    mem: (super::MemReads, super::MemReads),
+}
 
-    let container = brook_core::container::is_container(&path);
-    let (model_bytes, expert_bytes) = model_sizes(&path)?;
+/// Runs the warm-up, the prefill tests and the decode tests of `a` on `llm` (decode replaying
+/// `trace` where given), each through a session as chat and serve run it, and measures the
+/// disk and memory right before and right after the decode tests.
+fn run_tests(
+    a: &Args,
+    llm: &Arc<brook_core::session::Llm>,
+    trace: Option<&Arc<RoutingTrace>>,
+    threads: usize,
+    path: &std::path::Path,
+    container: bool,
+) -> Result<Runs> {
+    let model = &llm.model;
+    let cfg = &model.cfg;
     // The disk's own bandwidth, measured right before and right after the decode test (the
     // disk is shared and drifts by 2x between minutes; one measurement before the prefill,
     // half a minute earlier, put the decode's read time off by as much).
     let measure_disk = || -> Result<f64> {
         Ok(if container && a.disk_secs > 0.0 {
-            let c = brook_core::container::Container::open(&path)?;
+            let c = brook_core::container::Container::open(path)?;
             brook_core::experts::files::ExpertFiles::open(&c)?.measure_bandwidth(8, a.disk_secs)?
         } else {
             0.0
@@ -347,26 +354,6 @@ fn run_one(a: &Args) -> Result<Row> {
         ignore_eos: true,
         ..Default::default()
     };
-    let trace = a
-        .routing_trace
-        .as_ref()
-        .map(|f| {
-            RoutingTrace::read(
-                f,
-                cfg.num_hidden_layers,
-                cfg.num_experts,
-                cfg.num_experts_per_tok,
-            )
-            .map(Arc::new)
-        })
-        .transpose()?;
-    if let (Some(t), Some(f), false) = (&trace, &a.routing_trace, a.json) {
-        eprintln!(
-            "decode replays the routing of {} ({} tokens): its text is meaningless",
-            f.display(),
-            t.tokens()
-        );
-    }
     let run = |prompt: &[u32], n: usize, routes: Routes, on_event: &mut dyn FnMut(Event)| {
         let mut session = llm.session();
         let opts = GenOptions {
@@ -407,7 +394,7 @@ fn run_one(a: &Args) -> Result<Row> {
             // The depth's tokens and the first token are the prompt (its prefill untimed).
             let prompt: Vec<u32> = (0..a.depth + 1).map(|_| token()).collect();
             // A replayed trace runs on from where the last repetition left it.
-            let routes = match &trace {
+            let routes = match trace {
                 Some(t) => Routes::Replay {
                     trace: t.clone(),
                     start: rep * a.n_gen,
@@ -436,12 +423,82 @@ fn run_one(a: &Args) -> Result<Row> {
     } else {
         disk_before
     };
-    let disk_bw = (disk_before + disk_after) / 2.0;
     let mem_after = if a.n_gen > 0 {
         measure_mem()
     } else {
         mem_before.clone()
     };
+    Ok(Runs {
+        pp,
+        ttft,
+        tg,
+        steps,
+        decode_cpu_s,
+        delta,
+        gpu: gpu_before.zip(gpu_after),
+        disk: (disk_before, disk_after),
+        mem: (mem_before, mem_after),
+    })
+}
+
+fn run_one(a: &Args) -> Result<Row> {
+    // The GPU's own bandwidths, before the model takes its memory.
+    let gpu_bw = if a.model.backend == "cuda" {
+        Some(
+            brook_cuda::gpu::Gpu::open(0, None)
+                .and_then(|g| brook_cuda::gpu::measure_bandwidth(&g))?,
+        )
+    } else {
+        None
+    };
+    let t0 = Instant::now();
+    let opts = a.model.options()?;
+    let path = a.model.path()?;
+    let llm = a.model.open()?;
+    let model = &llm.model;
+    let open_s = t0.elapsed().as_secs_f64();
+    let cfg = model.cfg.clone();
+    let threads = a
+        .model
+        .threads
+        .first()
+        .copied()
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+
+    let container = brook_core::container::is_container(&path);
+    let (model_bytes, expert_bytes) = model_sizes(&path)?;
+    let trace = a
+        .routing_trace
+        .as_ref()
+        .map(|f| {
+            RoutingTrace::read(
+                f,
+                cfg.num_hidden_layers,
+                cfg.num_experts,
+                cfg.num_experts_per_tok,
+            )
+            .map(Arc::new)
+        })
+        .transpose()?;
+    if let (Some(t), Some(f), false) = (&trace, &a.routing_trace, a.json) {
+        eprintln!(
+            "decode replays the routing of {} ({} tokens): its text is meaningless",
+            f.display(),
+            t.tokens()
+        );
+    }
+    let Runs {
+        pp,
+        ttft,
+        tg,
+        steps,
+        decode_cpu_s,
+        delta,
+        gpu: gpu_stats,
+        disk: (disk_before, disk_after),
+        mem: (mem_before, mem_after),
+    } = run_tests(a, &llm, trace.as_ref(), threads, &path, container)?;
+    let disk_bw = (disk_before + disk_after) / 2.0;
     // The median of every read, before and after.
     let mem_bw = {
         let mut all = mem_before.clone();
@@ -489,8 +546,8 @@ fn run_one(a: &Args) -> Result<Row> {
         0.0
     };
     let disk_limit = (limit_disk_bw > 0.0).then(|| bytes_read_per_token / limit_disk_bw);
-    let gpu = match (gpu_before, gpu_after, gpu_bw) {
-        (Some(b), Some(g), Some(bw)) => Some(gpu_row(&b, g, bw, touched, steps, disk_limit)),
+    let gpu = match (gpu_stats, gpu_bw) {
+        (Some((b, g)), Some(bw)) => Some(gpu_row(&b, g, bw, touched, steps, disk_limit)),
         _ => None,
     };
     Ok(Row {
