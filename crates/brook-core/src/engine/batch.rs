@@ -157,44 +157,19 @@ impl Drop for Batcher {
 fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
     let mut active: Vec<Call> = Vec::new();
     loop {
-        // Time waited for the next calls of sequences inside a generation: the wait for the
-        // first call while someone is generating (at most GATHER: longer, nobody's call was
-        // coming, as when the last one's generation ends), then the gathering of the rest.
-        let mut gathered = Duration::ZERO;
-        {
-            let mut q = lock(&shared.queue);
-            if active.is_empty() {
-                let since = Instant::now();
-                let mut callers = q.joined > 0;
-                while q.waiting.is_empty() && !q.closed {
-                    q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
-                    callers &= q.joined > 0;
+        let gathered = if active.is_empty() {
+            match gather(shared) {
+                Some((calls, waited)) => {
+                    active.extend(calls);
+                    waited
                 }
-                if q.closed && q.waiting.is_empty() {
-                    return;
-                }
-                let first = since.elapsed();
-                if callers && first <= GATHER {
-                    gathered = first;
-                }
-                // Everyone generating hands in a call, or the wait ends.
-                let start = Instant::now();
-                let until = start + GATHER;
-                while q.waiting.len() < q.joined && !q.closed {
-                    let left = until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    q = shared
-                        .wake
-                        .wait_timeout(q, left)
-                        .unwrap_or_else(|p| p.into_inner())
-                        .0;
-                }
-                gathered += start.elapsed();
+                None => return,
             }
-            active.extend(q.waiting.drain(..));
-        }
+        } else {
+            // A prompt still in chunks: whoever has handed in a call joins the next step.
+            active.extend(lock(&shared.queue).waiting.drain(..));
+            Duration::ZERO
+        };
         let mut fw = lock(forward);
         fw.count_gather(gathered);
         let caps = fw.engine().caps();
@@ -203,22 +178,7 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
             caps.max_tokens.max(1),
             caps.max_chunk.max(1),
         );
-        // This step: decoded tokens first (cheap, and someone waits on each), then chunks of
-        // prompts in arrival order while they fit.
-        let mut pick: Vec<(usize, usize)> = Vec::new(); // (call, tokens)
-        let mut tokens = 0;
-        for single in [true, false] {
-            for (i, c) in active.iter().enumerate() {
-                let n = (c.tokens.len() - c.fed).min(chunk);
-                if (n == 1) != single || pick.len() == max_seqs {
-                    continue;
-                }
-                if pick.is_empty() || tokens + n <= max_tokens {
-                    pick.push((i, n));
-                    tokens += n;
-                }
-            }
-        }
+        let mut pick = pick_parts(&active, max_seqs, max_tokens, chunk);
         let mut parts: Vec<Part<'_>> = Vec::with_capacity(pick.len());
         pick.sort_unstable();
         let mut picked = pick.iter().peekable();
@@ -285,4 +245,70 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
             let _ = c.reply.send((c.state, c.out, r));
         }
     }
+}
+
+/// Waits for calls while none is active, then gathers the calls of every sequence inside a
+/// generation (at most [`GATHER`] more): the calls, and the time waited for callers inside
+/// a generation (the wait for the first while someone is generating, at most GATHER: longer,
+/// nobody's call was coming, as when the last one's generation ends; then the gathering of
+/// the rest). `None` once the batcher is dropped and no call is left.
+fn gather(shared: &Shared) -> Option<(Vec<Call>, Duration)> {
+    let mut q = lock(&shared.queue);
+    let since = Instant::now();
+    let mut callers = q.joined > 0;
+    while q.waiting.is_empty() && !q.closed {
+        q = shared.wake.wait(q).unwrap_or_else(|p| p.into_inner());
+        callers &= q.joined > 0;
+    }
+    if q.closed && q.waiting.is_empty() {
+        return None;
+    }
+    let first = since.elapsed();
+    let mut waited = if callers && first <= GATHER {
+        first
+    } else {
+        Duration::ZERO
+    };
+    // Everyone generating hands in a call, or the wait ends.
+    let start = Instant::now();
+    let until = start + GATHER;
+    while q.waiting.len() < q.joined && !q.closed {
+        let left = until.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        q = shared
+            .wake
+            .wait_timeout(q, left)
+            .unwrap_or_else(|p| p.into_inner())
+            .0;
+    }
+    waited += start.elapsed();
+    Some((q.waiting.drain(..).collect(), waited))
+}
+
+/// This step's (call, tokens), in `active`'s order of picking: decoded tokens first (cheap,
+/// and someone waits on each), then chunks of prompts in arrival order while they fit the
+/// engine's `max_seqs` and `max_tokens`.
+fn pick_parts(
+    active: &[Call],
+    max_seqs: usize,
+    max_tokens: usize,
+    chunk: usize,
+) -> Vec<(usize, usize)> {
+    let mut pick: Vec<(usize, usize)> = Vec::new();
+    let mut tokens = 0;
+    for single in [true, false] {
+        for (i, c) in active.iter().enumerate() {
+            let n = (c.tokens.len() - c.fed).min(chunk);
+            if (n == 1) != single || pick.len() == max_seqs {
+                continue;
+            }
+            if pick.is_empty() || tokens + n <= max_tokens {
+                pick.push((i, n));
+                tokens += n;
+            }
+        }
+    }
+    pick
 }
