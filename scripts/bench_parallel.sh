@@ -16,7 +16,7 @@ brook=$1 model=$2 flags=$3 n=$4 rounds=${5:-2} max=${6:-128}
 here=$(cd "$(dirname "$0")" && pwd)
 echo "cpu: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) threads;" \
     "avx512: $(grep -o 'avx512[a-z_]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
-echo "date: $(date -u +%F), commit: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
+echo "date: $(date -u +%F), binary: $("$brook" --version), tree: $(git -C "$here" rev-parse --short HEAD 2>/dev/null || echo '?')"
 log=$(mktemp)
 # shellcheck disable=SC2086
 "$brook" serve --model "$model" --port 0 --parallel "$n" $flags >"$log" 2>&1 &

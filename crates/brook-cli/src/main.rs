@@ -15,7 +15,7 @@ static ALLOC: brook_core::aligned::HugePageAlloc = brook_core::aligned::HugePage
 
 /// Run huge Mixture-of-Experts models (Qwen3-Next, Qwen3.5/3.6 MoE) with a few GB of RAM.
 #[derive(Debug, Parser)]
-#[command(name = "brook", version, about, long_about = None)]
+#[command(name = "brook", version = concat!(env!("CARGO_PKG_VERSION"), " (", env!("BROOK_COMMIT"), ")"), about, long_about = None)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

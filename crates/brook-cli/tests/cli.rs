@@ -241,6 +241,35 @@ fn peak_rss_stays_under_a_small_budget() {
     );
 }
 
+/// The commit `brook --version` names, in parentheses after the version.
+fn commit() -> String {
+    let out = brook().arg("--version").output().expect("run");
+    let v = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let c = v
+        .split_once(" (")
+        .and_then(|(_, c)| c.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("no commit in {v:?}"));
+    assert!(
+        c == "unknown" || (c.len() >= 7 && c.chars().all(|ch| ch.is_ascii_hexdigit())),
+        "{v:?}"
+    );
+    c.to_string()
+}
+
+#[test]
+fn version_names_the_commit_built_from() {
+    let c = commit();
+    // Built in a git checkout (as the tests are), it is that checkout's HEAD.
+    if let Ok(out) = std::process::Command::new("git")
+        .args(["rev-parse", "--short=7", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        && out.status.success()
+    {
+        assert_eq!(c, String::from_utf8_lossy(&out.stdout).trim());
+    }
+}
+
 #[test]
 fn every_command_help_names_its_flags_and_shows_an_example() {
     let top = brook().arg("--help").output().expect("run");
@@ -342,6 +371,8 @@ fn bench_json_reports_one_row_per_budget() {
     for (row, budget) in rows.iter().zip([100u64 << 20, 400 << 20]) {
         let f = |k: &str| row[k].as_f64().unwrap_or_else(|| panic!("{k} in {row}"));
         assert_eq!(row["budget_bytes"].as_u64(), Some(budget));
+        // The row names the code it ran: the commit the binary was built from.
+        assert_eq!(row["commit"].as_str(), Some(commit().as_str()), "{row}");
         assert!(
             f("pp_tok_s") > 0.0 && f("tg_tok_s") > 0.0 && f("ttft_s") > 0.0,
             "{row}"

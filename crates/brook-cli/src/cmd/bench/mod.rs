@@ -153,6 +153,9 @@ pub struct Row {
     /// "cpu", "cuda" or "reference".
     #[serde(default)]
     pub backend: String,
+    /// The commit the binary was built from (`unknown` outside a git checkout).
+    #[serde(default)]
+    pub commit: String,
     /// GPU figures when a GPU backend ran.
     #[serde(default)]
     pub gpu: Option<GpuRow>,
@@ -600,6 +603,7 @@ fn run_one(a: &Args) -> Result<Row> {
         read_s_per_token,
         open_s,
         backend: llm.engine_stats().engine,
+        commit: env!("BROOK_COMMIT").to_string(),
         gpu,
     })
 }
