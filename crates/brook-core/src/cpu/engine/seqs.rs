@@ -113,78 +113,24 @@ impl CpuModel<'_> {
                 );
                 let spans = &self.rows[g.clone()];
                 let local = |sp: &Span| sp.rows.start - rows.start..sp.rows.end - rows.start;
-                match &layer.mixer {
-                    Mixer::Linear(w) => {
-                        let mut states = Vec::with_capacity(spans.len());
-                        for (si, s) in seqs.iter_mut().enumerate() {
-                            let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
-                                continue;
-                            };
-                            let SeqState {
-                                pos,
-                                layers,
-                                device,
-                            } = &mut *s.state;
-                            let held = Bf16Ssm::in_slot(device);
-                            let LayerState::Linear { conv, ssm } = &mut layers[i] else {
-                                return Err(Error::Invalid(format!(
-                                    "state does not fit layer {i}"
-                                )));
-                            };
-                            let ssm = match held {
-                                Some(hd) => Ssm::Bf16(&mut hd.layers[i]),
-                                None => Ssm::F32(ssm),
-                            };
-                            states.push(mixer::SeqRows {
-                                rows: local(sp),
-                                pos: *pos,
-                                state: (&mut conv[..], ssm),
-                            });
-                        }
-                        mixer::delta_net_seqs(
-                            &ex,
-                            w,
-                            cfg,
-                            &self.conv_t[i],
-                            &mut states,
-                            xn,
-                            out,
-                            rowwise,
-                            &mut self.mix,
-                        )?;
-                    }
-                    Mixer::Full(w) => {
-                        let mut states = Vec::with_capacity(spans.len());
-                        for (si, s) in seqs.iter_mut().enumerate() {
-                            let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
-                                continue;
-                            };
-                            let st = &mut *s.state;
-                            let pos = st.pos;
-                            let LayerState::Full { keys, values } = &mut st.layers[i] else {
-                                return Err(Error::Invalid(format!(
-                                    "state does not fit layer {i}"
-                                )));
-                            };
-                            states.push(mixer::SeqRows {
-                                rows: local(sp),
-                                pos,
-                                state: (keys, values),
-                            });
-                        }
-                        mixer::attention_seqs(
-                            &ex,
-                            w,
-                            cfg,
-                            &self.inv_freq,
-                            &mut states,
-                            xn,
-                            out,
-                            rowwise,
-                            &mut self.mix,
-                        )?;
-                    }
-                }
+                let mix = MixerArgs {
+                    layer: i,
+                    cfg,
+                    conv_t: &self.conv_t[i],
+                    inv_freq: &self.inv_freq,
+                    rowwise,
+                };
+                group_mixer(
+                    &ex,
+                    &layer.mixer,
+                    &mix,
+                    seqs,
+                    spans,
+                    local,
+                    xn,
+                    out,
+                    &mut self.mix,
+                )?;
             }
             add(ex.level, delta, x);
             rms_norm_rows(ex.level, x, &layer.post_attention_layernorm, eps, normed);
@@ -234,25 +180,150 @@ impl CpuModel<'_> {
         }
         // The head: the single tokens' logits together, row by row; each chunk's apart (only
         // the rows it wants).
-        let (v, head) = (cfg.vocab_size, model.dense.lm_head.view());
-        for g in &groups {
-            let first = &self.rows[g.start];
+        let head = Head {
+            model,
+            spans: &self.rows,
+            singles,
+        };
+        head.logits(&ex, &groups, normed, seqs, &mut self.logits, &mut self.head)?;
+        Ok(())
+    }
+}
+
+/// What a group's mixer needs beside the rows: the layer, the model's shapes, the conv
+/// weights transposed (DeltaNet) and RoPE's frequencies (attention), and whether the group's
+/// single tokens run the one-token kernels row by row.
+struct MixerArgs<'a> {
+    layer: usize,
+    cfg: &'a crate::config::ModelConfig,
+    conv_t: &'a [f32],
+    inv_freq: &'a [f64],
+    rowwise: bool,
+}
+
+/// One group's mixer of layer `m.layer`: each sequence of `spans` on its own state, its rows
+/// (`local(span)` of `xn`) into the same rows of `out`.
+#[allow(clippy::too_many_arguments)]
+fn group_mixer(
+    ex: &Exec<'_>,
+    mixer: &Mixer,
+    m: &MixerArgs<'_>,
+    seqs: &mut [SeqStep<'_>],
+    spans: &[Span],
+    local: impl Fn(&Span) -> std::ops::Range<usize>,
+    xn: &[f32],
+    out: &mut [f32],
+    mix: &mut crate::cpu::blocks::mixer::MixerScratch,
+) -> Result<()> {
+    match mixer {
+        Mixer::Linear(w) => {
+            let mut states = Vec::with_capacity(spans.len());
+            for (si, s) in seqs.iter_mut().enumerate() {
+                let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
+                    continue;
+                };
+                let SeqState {
+                    pos,
+                    layers,
+                    device,
+                } = &mut *s.state;
+                let held = Bf16Ssm::in_slot(device);
+                let LayerState::Linear { conv, ssm } = &mut layers[m.layer] else {
+                    return Err(Error::Invalid(format!(
+                        "state does not fit layer {}",
+                        m.layer
+                    )));
+                };
+                let ssm = match held {
+                    Some(hd) => Ssm::Bf16(&mut hd.layers[m.layer]),
+                    None => Ssm::F32(ssm),
+                };
+                states.push(mixer::SeqRows {
+                    rows: local(sp),
+                    pos: *pos,
+                    state: (&mut conv[..], ssm),
+                });
+            }
+            mixer::delta_net_seqs(ex, w, m.cfg, m.conv_t, &mut states, xn, out, m.rowwise, mix)?;
+        }
+        Mixer::Full(w) => {
+            let mut states = Vec::with_capacity(spans.len());
+            for (si, s) in seqs.iter_mut().enumerate() {
+                let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
+                    continue;
+                };
+                let st = &mut *s.state;
+                let pos = st.pos;
+                let LayerState::Full { keys, values } = &mut st.layers[m.layer] else {
+                    return Err(Error::Invalid(format!(
+                        "state does not fit layer {}",
+                        m.layer
+                    )));
+                };
+                states.push(mixer::SeqRows {
+                    rows: local(sp),
+                    pos,
+                    state: (keys, values),
+                });
+            }
+            mixer::attention_seqs(
+                ex,
+                w,
+                m.cfg,
+                m.inv_freq,
+                &mut states,
+                xn,
+                out,
+                m.rowwise,
+                mix,
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// The head of a several-sequence step: the final norm's rows (`normed`) of every sequence
+/// whose part wants logits, onto its `logits`.
+struct Head<'a> {
+    model: &'a Model,
+    /// The step's row layout, its first `singles` the single tokens.
+    spans: &'a [Span],
+    singles: usize,
+}
+
+impl Head<'_> {
+    /// The single tokens' logits together, row by row; each chunk's apart (only the rows it
+    /// wants), through `logits` as scratch.
+    fn logits(
+        &self,
+        ex: &Exec<'_>,
+        groups: &[std::ops::Range<usize>],
+        normed: &[f32],
+        seqs: &mut [SeqStep<'_>],
+        logits: &mut Vec<f32>,
+        head_buf: &mut crate::cpu::blocks::exec::XScratch,
+    ) -> Result<()> {
+        let singles = self.singles;
+        let h = self.model.cfg.hidden_size;
+        let (v, head) = (self.model.cfg.vocab_size, self.model.dense.lm_head.view());
+        for g in groups {
+            let first = &self.spans[g.start];
             if g.start < singles {
                 let n = g.len();
-                if self.logits.len() < n * v {
-                    self.logits.resize(n * v, 0.0);
+                if logits.len() < n * v {
+                    logits.resize(n * v, 0.0);
                 }
                 let xs = &normed[first.rows.start * h..(first.rows.start + n) * h];
-                let out = &mut [(head, &mut self.logits[..n * v])];
-                ex.linears_rowwise(n > 1, xs, n, &mut self.head, out)?;
-                for (j, sp) in self.rows[g.clone()].iter().enumerate() {
+                let out = &mut [(head, &mut logits[..n * v])];
+                ex.linears_rowwise(n > 1, xs, n, head_buf, out)?;
+                for (j, sp) in self.spans[g.clone()].iter().enumerate() {
                     let s = &mut seqs[sp.seq];
                     if s.want != Logits::None {
-                        s.logits.extend_from_slice(&self.logits[j * v..(j + 1) * v]);
+                        s.logits.extend_from_slice(&logits[j * v..(j + 1) * v]);
                     }
                 }
             } else {
-                for sp in &self.rows[g.clone()] {
+                for sp in &self.spans[g.clone()] {
                     let s = &mut seqs[sp.seq];
                     let rows = match s.want {
                         Logits::All => sp.rows.clone(),
@@ -260,16 +331,16 @@ impl CpuModel<'_> {
                         Logits::None => continue,
                     };
                     let n = rows.len();
-                    if self.logits.len() < n * v {
-                        self.logits.resize(n * v, 0.0);
+                    if logits.len() < n * v {
+                        logits.resize(n * v, 0.0);
                     }
                     ex.linears(
                         &normed[rows.start * h..rows.end * h],
                         n,
-                        &mut self.head,
-                        &mut [(head, &mut self.logits[..n * v])],
+                        head_buf,
+                        &mut [(head, &mut logits[..n * v])],
                     )?;
-                    s.logits.extend_from_slice(&self.logits[..n * v]);
+                    s.logits.extend_from_slice(&logits[..n * v]);
                 }
             }
         }
