@@ -112,7 +112,6 @@ impl CpuModel<'_> {
                     &mut delta[rows.start * h..rows.end * h],
                 );
                 let spans = &self.rows[g.clone()];
-                let local = |sp: &Span| sp.rows.start - rows.start..sp.rows.end - rows.start;
                 let mix = MixerArgs {
                     layer: i,
                     cfg,
@@ -120,17 +119,7 @@ impl CpuModel<'_> {
                     inv_freq: &self.inv_freq,
                     rowwise,
                 };
-                group_mixer(
-                    &ex,
-                    &layer.mixer,
-                    &mix,
-                    seqs,
-                    spans,
-                    local,
-                    xn,
-                    out,
-                    &mut self.mix,
-                )?;
+                group_mixer(&ex, &layer.mixer, &mix, seqs, spans, xn, out, &mut self.mix)?;
             }
             add(ex.level, delta, x);
             rms_norm_rows(ex.level, x, &layer.post_attention_layernorm, eps, normed);
@@ -202,7 +191,7 @@ struct MixerArgs<'a> {
 }
 
 /// One group's mixer of layer `m.layer`: each sequence of `spans` on its own state, its rows
-/// (`local(span)` of `xn`) into the same rows of `out`.
+/// of `xn` (the group's rows, from the first span's) into the same rows of `out`.
 #[allow(clippy::too_many_arguments)]
 fn group_mixer(
     ex: &Exec<'_>,
@@ -210,18 +199,20 @@ fn group_mixer(
     m: &MixerArgs<'_>,
     seqs: &mut [SeqStep<'_>],
     spans: &[Span],
-    local: impl Fn(&Span) -> std::ops::Range<usize>,
     xn: &[f32],
     out: &mut [f32],
     mix: &mut crate::cpu::blocks::mixer::MixerScratch,
 ) -> Result<()> {
+    // Each sequence of the group, in sequence order, with its rows within the group.
+    let base = spans.first().map_or(0, |sp| sp.rows.start);
+    let parts = seqs.iter_mut().enumerate().filter_map(|(si, s)| {
+        let sp = spans.iter().find(|sp| sp.seq == si)?;
+        Some((sp.rows.start - base..sp.rows.end - base, s))
+    });
     match mixer {
         Mixer::Linear(w) => {
             let mut states = Vec::with_capacity(spans.len());
-            for (si, s) in seqs.iter_mut().enumerate() {
-                let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
-                    continue;
-                };
+            for (rows, s) in parts {
                 let SeqState {
                     pos,
                     layers,
@@ -239,7 +230,7 @@ fn group_mixer(
                     None => Ssm::F32(ssm),
                 };
                 states.push(mixer::SeqRows {
-                    rows: local(sp),
+                    rows,
                     pos: *pos,
                     state: (&mut conv[..], ssm),
                 });
@@ -248,10 +239,7 @@ fn group_mixer(
         }
         Mixer::Full(w) => {
             let mut states = Vec::with_capacity(spans.len());
-            for (si, s) in seqs.iter_mut().enumerate() {
-                let Some(sp) = spans.iter().find(|sp| sp.seq == si) else {
-                    continue;
-                };
+            for (rows, s) in parts {
                 let st = &mut *s.state;
                 let pos = st.pos;
                 let LayerState::Full { keys, values } = &mut st.layers[m.layer] else {
@@ -261,7 +249,7 @@ fn group_mixer(
                     )));
                 };
                 states.push(mixer::SeqRows {
-                    rows: local(sp),
+                    rows,
                     pos,
                     state: (keys, values),
                 });
