@@ -290,11 +290,7 @@ __device__ __forceinline__ bool tc_first(int tiles, int split, int nch, TcLoads<
                                          RowsOf rows_of) {
     int nw = blockDim.x >> 5, warp = threadIdx.x >> 5;
     int tile = blockIdx.x * (nw / split) + warp / split;
-    if (tile >= tiles) return false;
-    TcRow row[2];
-    rows_of(tile, row);
-    tc_issue<ST, G>(row, (warp % split) * (nch / split), f);
-    return true;
+    return tc_next<ST, G>(tile, tiles, (warp % split) * (nch / split), f, rows_of);
 }
 
 // y[v, r] = W[r]·x[v / xdiv] over the rows of m0..m3 stacked, on the tensor cores, in tiles
@@ -379,6 +375,16 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
     }
 }
 
+// Rows r + g and r + g + 8 of `m` at `base` into `row`, their first chunks issued into f
+// (down_tc's tile of one expert).
+template <int ST, int G>
+__device__ __forceinline__ void tc_issue_tile(const Mat& m, u64 base, int r, int g,
+                                              TcRow (&row)[2], TcLoads<ST, G>& f) {
+    row[0] = tc_row<ST, G>(m, base, r + g);
+    row[1] = tc_row<ST, G>(m, base, r + g + 8);
+    tc_issue<ST, G>(row, 0, f);
+}
+
 // moe_down's tensor-core form: out[r] = Σ_k wts[k]·(down of expert sel[k] · h_k)[r] +
 // sigmoid(sg)·(sdown · h_s)[r]. A block takes tiles of 16 rows (blockIdx.x, then every
 // gridDim.x-th: several when many tokens share the launch, so each block stages its token's
@@ -415,17 +421,13 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     // The shared expert's loads need no earlier kernel: issued first where it is the warp's
     // first vector.
     if (warp == K) {
-        row[0] = tc_row<ST, G>(sdown, 0, r0 + g);
-        row[1] = tc_row<ST, G>(sdown, 0, r0 + g + 8);
-        tc_issue<ST, G>(row, 0, f);
+        tc_issue_tile<ST, G>(sdown, 0, r0, g, row, f);
     }
     PDL_SYNC();
     // A routed first vector's slot is known now: its loads go out before the staging.
     u64 first = warp < K ? tab[sel[warp]] : 0;
     if (first != 0) {
-        row[0] = tc_row<ST, G>(down, first, r0 + g);
-        row[1] = tc_row<ST, G>(down, first, r0 + g + 8);
-        tc_issue<ST, G>(row, 0, f);
+        tc_issue_tile<ST, G>(down, first, r0, g, row, f);
     }
     tc_stage(h, I, K, I, fr, sx);
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
@@ -438,10 +440,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
             u64 base = !routed ? 0 : e == warp ? first : tab[sel[e]];
             if (routed && base == 0) continue;
             if (!(issued && e == warp)) {   // else its loads are out already
-                const Mat& m = routed ? down : sdown;
-                row[0] = tc_row<ST, G>(m, base, r0 + g);
-                row[1] = tc_row<ST, G>(m, base, r0 + g + 8);
-                tc_issue<ST, G>(row, 0, f);
+                tc_issue_tile<ST, G>(routed ? down : sdown, base, r0, g, row, f);
             }
             float o[2];
             if (routed)
@@ -456,12 +455,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
         // partial sums meet: f is free.
         int next = r0 + gridDim.x * 16;
         issued = next < down.rows && (warp == K || first != 0);
-        if (issued) {
-            const Mat& m = warp == K ? sdown : down;
-            row[0] = tc_row<ST, G>(m, first, next + g);
-            row[1] = tc_row<ST, G>(m, first, next + g + 8);
-            tc_issue<ST, G>(row, 0, f);
-        }
+        if (issued) tc_issue_tile<ST, G>(warp == K ? sdown : down, first, next, g, row, f);
         if ((lane & 3) == 0) {
             part[warp * 16 + g] = acc[0];
             part[warp * 16 + g + 8] = acc[1];
