@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 
 mod parts;
 mod tables;
-use parts::{dense_bytes, gpu_row, mean_sd, model_sizes, simd_label};
+use parts::{dense_bytes, gpu_row, mean_sd, model_sizes, per_step, simd_label};
 use tables::print_tables;
 
 /// Measure prefill and decode speed, memory and I/O.
@@ -513,14 +513,7 @@ fn run_one(a: &Args) -> Result<Row> {
     let (_, peak) = budget::rss();
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
-    let per_tok = |v: u64| {
-        if steps == 0 {
-            0.0
-        } else {
-            v as f64 / steps as f64
-        }
-    };
-    let bytes_read_per_token = delta.map_or(0.0, |d| per_tok(d.bytes_read));
+    let bytes_read_per_token = delta.map_or(0.0, |d| per_step(d.bytes_read, steps));
     let expert_bytes_one = expert_bytes as f64 / (cfg.num_experts * cfg.num_hidden_layers) as f64;
     let embed = (model.dense.embed_tokens.table_bytes()) as f64;
     let dense_bytes = dense_bytes(model) as f64 - embed;
@@ -548,9 +541,8 @@ fn run_one(a: &Args) -> Result<Row> {
     } else {
         0.0
     };
-    let disk_limit = (limit_disk_bw > 0.0).then(|| bytes_read_per_token / limit_disk_bw);
     let gpu = match (gpu_stats, gpu_bw) {
-        (Some((b, g)), Some(bw)) => Some(gpu_row(&b, g, bw, touched, steps, disk_limit)),
+        (Some((b, g)), Some(bw)) => Some(gpu_row(&b, g, bw, touched, steps, read_s_per_token)),
         _ => None,
     };
     Ok(Row {

@@ -6,31 +6,32 @@ use brook_core::engine::GpuStats;
 
 use super::GpuRow;
 
+/// `v` per decoded step (0 when none was).
+pub(super) fn per_step(v: u64, steps: u64) -> f64 {
+    if steps == 0 {
+        0.0
+    } else {
+        v as f64 / steps as f64
+    }
+}
+
 /// The GPU's columns of a row from its counters before and after the decode test: `bw` is
 /// its measured (HBM, host-to-device) GB/s, `touched` the bytes a token reads, `steps` the
-/// decoded steps, `disk_s` a token's read time from the disk where that bounds it.
+/// decoded steps, `disk_s` a token's read time from the disk (0 where the disk was not
+/// measured).
 pub(super) fn gpu_row(
     b: &GpuStats,
     g: GpuStats,
     (hbm, h2d): (f64, f64),
     touched: f64,
     steps: u64,
-    disk_s: Option<f64>,
+    disk_s: f64,
 ) -> GpuRow {
-    let per_tok = |v: u64| {
-        if steps == 0 {
-            0.0
-        } else {
-            v as f64 / steps as f64
-        }
-    };
-    let copied = per_tok(g.bytes_copied - b.bytes_copied);
+    let copied = per_step(g.bytes_copied - b.bytes_copied, steps);
     let n = (g.hits - b.hits) + (g.misses - b.misses);
-    let mut lim = touched / (hbm * 1e9).max(1.0);
-    lim = lim.max(copied / (h2d * 1e9).max(1.0));
-    if let Some(d) = disk_s {
-        lim = lim.max(d);
-    }
+    let lim = (touched / (hbm * 1e9).max(1.0))
+        .max(copied / (h2d * 1e9).max(1.0))
+        .max(disk_s);
     GpuRow {
         device: g.device,
         budget_bytes: g.budget_bytes,
@@ -46,7 +47,7 @@ pub(super) fn gpu_row(
             (g.hits - b.hits) as f64 / n as f64
         },
         bytes_copied_per_token: copied,
-        syncs_per_token: per_tok(g.syncs - b.syncs),
+        syncs_per_token: per_step(g.syncs - b.syncs, steps),
         hbm_gb_s: hbm,
         h2d_gb_s: h2d,
         limit_tok_s: 1.0 / lim,
