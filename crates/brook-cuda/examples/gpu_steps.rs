@@ -10,14 +10,19 @@ use brook_core::model::open::{Backend, OpenOptions};
 
 fn main() -> brook_core::Result<()> {
     let args: Vec<String> = std::env::args().collect();
-    let dir = std::path::PathBuf::from(&args[1]);
+    let usage =
+        || brook_core::Error::Invalid("usage: gpu_steps MODEL_DIR [N,N,...] [STEPS]".into());
+    let dir = std::path::PathBuf::from(args.get(1).ok_or_else(usage)?);
     let sizes: Vec<usize> = args
         .get(2)
         .map_or("1,2,4,8,16", |s| s.as_str())
         .split(',')
-        .map(|s| s.parse().expect("N,N,..."))
-        .collect();
-    let steps: usize = args.get(3).map_or(20, |s| s.parse().expect("STEPS"));
+        .map(|s| s.parse().map_err(|_| usage()))
+        .collect::<Result<_, _>>()?;
+    let steps: usize = match args.get(3) {
+        Some(s) => s.parse().map_err(|_| usage())?,
+        None => 20,
+    };
     let o = OpenOptions {
         backend: Backend::Cuda,
         engine: Some(brook_cuda::engine_maker()),
