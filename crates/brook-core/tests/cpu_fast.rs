@@ -61,6 +61,51 @@ fn fast_matvec_stays_within_the_int8_rounding_bound() {
     println!("worst error / bound: {worst:.3}");
 }
 
+/// A row's bits do not depend on the rows computed beside it (the AVX2 kernel sums four rows'
+/// blocks in one register; the thread pool and the batched step cut the rows anywhere), nor,
+/// on AVX2, on whether `vpmaddubsw` or AVX-VNNI's `vpdpbusd` made the integer sums.
+#[test]
+fn fast_matvec_rows_keep_their_bits_in_any_row_range() {
+    let mut rng = Rng::new(23);
+    let mut xp = XPrep::new();
+    for group in [32, 64, 128] {
+        let (out, inp) = (37, 2048 + 3 * 32);
+        let inp = inp / group * group;
+        let fmt = Format::Affine {
+            bits: 4,
+            group,
+            float: DType::BF16,
+        };
+        let w = random_linear(&mut rng, out, inp, fmt);
+        let x = rng.vec(inp, 1.0);
+        let mut avx2_bits: Option<Vec<u32>> = None;
+        for kernel in int_kernels() {
+            prepare_int(&mut xp, kernel, Precision::Fast, &x);
+            let mut whole = vec![f32::NAN; out];
+            matvec_rows(kernel.0, &w.view(), &xp, &mut whole, 0..out);
+            let bits: Vec<u32> = whole.iter().map(|v| v.to_bits()).collect();
+            for range in [0..1, 1..4, 3..10, 5..6, 9..37, 34..37, 2..35] {
+                let mut y = vec![f32::NAN; range.len()];
+                matvec_rows(kernel.0, &w.view(), &xp, &mut y, range.clone());
+                for (r, v) in range.clone().zip(&y) {
+                    assert_eq!(
+                        v.to_bits(),
+                        bits[r],
+                        "{kernel:?} g{group} row {r} in rows {range:?}: {v} against {} alone",
+                        whole[r]
+                    );
+                }
+            }
+            if kernel.0 == SimdLevel::Avx2 {
+                match &avx2_bits {
+                    Some(b) => assert_eq!(b, &bits, "AVX2 with and without AVX-VNNI, g{group}"),
+                    None => avx2_bits = Some(bits),
+                }
+            }
+        }
+    }
+}
+
 /// The int8 path is lossy but not loose: on typical activations (no outliers) its relative
 /// error over a row is far below 1%, and it is not the f32 result (so the test would notice
 /// the Fast path silently running as F32, and a kernel off by a nibble or a lane scale).

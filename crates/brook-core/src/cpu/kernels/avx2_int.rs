@@ -1,6 +1,7 @@
 //! AVX2 integer kernels of 4-bit matrices in rows ([`Order::Rows`]): the one-token product at
-//! Split24 (exact, the default) and Fast (int8), with `vpmaddubsw` + `vpmaddwd`, or
-//! `vpdpbusd` on 256-bit registers where AVX-VNNI exists; and the activation digits they read.
+//! Split24 (exact, the default), with `vpmaddubsw` + `vpmaddwd`, or `vpdpbusd` on 256-bit
+//! registers where AVX-VNNI exists; the activation digits it and Fast's kernel (int8,
+//! `avx2_int8.rs`) read; and the dispatch between the two.
 //!
 //! Owns the row loop of y = W x: a row's 32-byte piece holds 64 elements (MLX packs element 2k
 //! in the low nibble of byte k and 2k + 1 in its high one), so the low nibbles masked apart are
@@ -21,7 +22,7 @@ use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, widen};
 use crate::dtype::DType;
 
 /// Elements per chunk: one 32-byte piece of a 4-bit row.
-const CHUNK: usize = 64;
+pub(super) const CHUNK: usize = 64;
 
 /// The digits of x (n a multiple of 32) for these kernels: `nd` = 3 (Split24: rows d₂, d₁, d₀
 /// of X = round(x·2^(22−e)), 2^e > the block's max |x|) or 1 (int8: X = round(x/d), d = max|x|
@@ -207,9 +208,12 @@ unsafe fn bytes16(a: __m256i, b: __m256i) -> __m128i {
     _mm256_castsi256_si128(_mm256_permute4x64_epi64::<0x08>(q))
 }
 
-/// The kernel of `R` rows over one segment of `nel` elements (a multiple of 32), at `D` digit
-/// rows, with `$dot` giving a digit row's 8 lane sums from a piece's low and high nibbles and
-/// the digit row's even and odd bytes. Defined twice, with and without AVX-VNNI.
+/// Split24's digit rows.
+const D: usize = 3;
+
+/// The kernel of `R` rows over one segment of `nel` elements (a multiple of 32) at Split24,
+/// with `$dot` giving a digit row's 8 lane sums from a piece's low and high nibbles and the
+/// digit row's even and odd bytes. Defined twice, with and without AVX-VNNI.
 macro_rules! segment_kernel {
     ($name:ident, $features:literal, $dot:ident) => {
         /// Adds to `acc[i]` row i's Σ s_g·q·x over the segment, per lane.
@@ -221,7 +225,7 @@ macro_rules! segment_kernel {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const D: usize, const R: usize>(
+        unsafe fn $name<const R: usize>(
             p: [*const u8; R],
             nel: usize,
             g: usize,
@@ -267,15 +271,11 @@ macro_rules! segment_kernel {
                             64 => _mm256_broadcast_ss(&*s[i].add(c)),
                             _ => _mm256_broadcast_ss(&*s[i].add(c / 2)),
                         };
-                        let pv = if D == 3 {
-                            // |S| ≤ 8·15·128 per lane and digit row, so S₂·2^8 + S₁ < 2^24:
-                            // exact in f32.
-                            let s21 = _mm256_add_epi32(_mm256_slli_epi32::<8>(sk[0][i]), sk[1][i]);
-                            let p = _mm256_mul_ps(_mm256_cvtepi32_ps(s21), cf(1));
-                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(sk[2][i]), cf(2), p)
-                        } else {
-                            _mm256_mul_ps(_mm256_cvtepi32_ps(sk[0][i]), cf(0))
-                        };
+                        // |S| ≤ 8·15·128 per lane and digit row, so S₂·2^8 + S₁ < 2^24: exact
+                        // in f32.
+                        let s21 = _mm256_add_epi32(_mm256_slli_epi32::<8>(sk[0][i]), sk[1][i]);
+                        let p = _mm256_mul_ps(_mm256_cvtepi32_ps(s21), cf(1));
+                        let pv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sk[2][i]), cf(2), p);
                         acc[i] = _mm256_fmadd_ps(pv, sv, acc[i]);
                     }
                 };
@@ -348,36 +348,31 @@ pub(super) unsafe fn matvec_rows(
     // SAFETY: the caller's contract; shapes asserted above.
     unsafe {
         match (nd, vnni) {
-            (3, false) => rows_madd::<3>(a, &x, y, rows),
-            (_, false) => rows_madd::<1>(a, &x, y, rows),
-            (3, true) => rows_vnni::<3>(a, &x, y, rows),
-            (_, true) => rows_vnni::<1>(a, &x, y, rows),
+            (3, false) => rows_madd(a, &x, y, rows),
+            (3, true) => rows_vnni(a, &x, y, rows),
+            _ => super::avx2_int8::rows(a, vnni, &x, y, rows),
         }
     }
 }
 
 /// x as the row loops read it (see [`matvec_rows`]).
-struct Digits<'a> {
-    digits: &'a [i8],
-    coef: &'a [f32],
-    sums: &'a [f32],
+pub(super) struct Digits<'a> {
+    pub digits: &'a [i8],
+    pub coef: &'a [f32],
+    pub sums: &'a [f32],
 }
 
-/// The row loop of [`matvec_rows`] over the segment kernel `$seg`, two rows at a time; each
-/// row's scales are widened once per segment, and the scales and biases of the rows four
-/// ahead are prefetched with their packed bytes (separate streams the hardware prefetchers
-/// also lose). Defined twice, with and without AVX-VNNI, so the kernel inlines into it.
+/// The row loop of [`matvec_rows`] at Split24 over the segment kernel `$seg`, two rows at a
+/// time; each row's scales are widened once per segment, and the scales and biases of the rows
+/// four ahead are prefetched with their packed bytes (separate streams the hardware
+/// prefetchers also lose). Defined twice, with and without AVX-VNNI, so the kernel inlines
+/// into it.
 macro_rules! row_loop {
     ($name:ident, $features:literal, $seg:ident) => {
         /// # Safety
         /// As [`matvec_rows`], shapes asserted there.
         #[target_feature(enable = $features)]
-        unsafe fn $name<const D: usize>(
-            a: &Affine<'_>,
-            x: &Digits<'_>,
-            y: &mut [f32],
-            rows: Range<usize>,
-        ) {
+        unsafe fn $name(a: &Affine<'_>, x: &Digits<'_>, y: &mut [f32], rows: Range<usize>) {
             let (g, ng, fs) = (a.group, a.groups(), a.float.size());
             let (rb, sbytes) = (a.row_bytes(), ng * fs);
             let pf = 4 * rb;
@@ -417,10 +412,10 @@ macro_rules! row_loop {
                     // row holds nel/2 bytes from e0/2, the buffers were sized above.
                     unsafe {
                         if nr == 2 {
-                            $seg::<D, 2>(p, nel, g, s, d, cf, pf, &mut acc);
+                            $seg::<2>(p, nel, g, s, d, cf, pf, &mut acc);
                         } else {
                             let mut one = [acc[0]];
-                            $seg::<D, 1>([p[0]], nel, g, [s[0]], d, cf, pf, &mut one);
+                            $seg::<1>([p[0]], nel, g, [s[0]], d, cf, pf, &mut one);
                             acc[0] = one[0];
                         }
                     }

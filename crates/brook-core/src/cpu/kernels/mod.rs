@@ -11,6 +11,8 @@ mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int;
 #[cfg(target_arch = "x86_64")]
+mod avx2_int8;
+#[cfg(target_arch = "x86_64")]
 mod avx2_int_mm;
 #[cfg(target_arch = "x86_64")]
 mod avx512;

@@ -1,0 +1,274 @@
+//! The AVX2 one-token product of 4-bit matrices in rows ([`Order::Rows`]) at Fast (int8
+//! activations), four rows a pass: `vpmaddubsw` (or AVX-VNNI's `vpdpbusd`) products of each row,
+//! summed per 32-element block across the four rows' registers by horizontal adds, so the
+//! block sums of four rows share one register and one conversion, scaling and FMA where each
+//! row took its own (the int8 products are few enough that those were a third of the work):
+//! on plain AVX2 the 8192 × 2048 kernel bench went 31.0 → 34.4 GiB/s on one thread, decode of
+//! the resident 35B 2.6-5 % faster (docs/bench/2026-12-04.md); with AVX-VNNI the same as the
+//! two-rows kernel. Split24 keeps `avx2_int.rs`'s two-rows kernel (its three digit rows would
+//! take three such reductions, as dear as the scalings they save: 6 % slower). The activation
+//! digits and the dispatch are `avx2_int.rs`'s; the integer sums are the same on both
+//! instruction sets, so are the bits.
+//!
+//! [`Order::Rows`]: crate::linear::Order::Rows
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::avx2::{dot_w, load8};
+use super::avx2_int::{CHUNK, Digits};
+use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, widen};
+use crate::dtype::DType;
+
+/// Rows `rows` of y = W x for a 4-bit `a` in rows with int8 digits `x` (shapes asserted by
+/// `avx2_int::matvec_rows`); `vnni` takes AVX-VNNI's instruction.
+///
+/// # Safety
+/// AVX2 (and with `vnni`, AVX-VNNI) must be present and `a` checked.
+pub(super) unsafe fn rows(
+    a: &Affine<'_>,
+    vnni: bool,
+    x: &Digits<'_>,
+    y: &mut [f32],
+    rows: Range<usize>,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if vnni {
+            rows_vnni(a, x, y, rows)
+        } else {
+            rows_madd(a, x, y, rows)
+        }
+    }
+}
+
+/// Rows a kernel call takes: their block sums share one register after [`red_madd`] or
+/// [`red_vnni`].
+const ROWS: usize = 4;
+
+/// The kernel of [`ROWS`] rows over one segment of `nel` elements (a multiple of 32). Per
+/// chunk, `$dot` gives each row's products in lanes and `$reduce` sums them per 32-element
+/// block into one register, [rows' sums of the chunk's first block | of its second], which
+/// the digit factors (`coef` holds them in that layout) and the rows' group scales scale into
+/// `acc`, laid out the same way: one conversion, multiplication and FMA for four rows where
+/// each row took its own. A row's arithmetic is the same whichever rows share its register.
+/// Defined twice, with and without AVX-VNNI.
+macro_rules! segment_kernel {
+    ($name:ident, $features:literal, $dot:ident, $reduce:ident) => {
+        /// Adds to `acc` the rows' Σ s_g·q·x over the segment, per block half (see above).
+        ///
+        /// # Safety
+        /// The features must be present; `p[i]` holds nel/2 bytes, `st` the segment's scales
+        /// widened to f32 by [`widen_scales`] (four a group, plus [`SCALE_PAD`]), `dig` and
+        /// `coef` the segment's chunks (int8: one digit row); `ahead` is how far ahead of each row to prefetch (a
+        /// hint: it may pass the matrix).
+        #[allow(clippy::too_many_arguments)]
+        #[inline]
+        #[target_feature(enable = $features)]
+        unsafe fn $name(
+            p: [*const u8; ROWS],
+            nel: usize,
+            g: usize,
+            st: *const f32,
+            dig: *const i8,
+            coef: *const f32,
+            ahead: usize,
+            acc: &mut __m256,
+        ) {
+            // SAFETY: the caller's contract (see above); a half chunk reads 16 bytes.
+            unsafe {
+                let nib = _mm256_set1_epi8(0x0F);
+                let step = |c: usize, half: bool, acc: &mut __m256| {
+                    let mut lo = [_mm256_setzero_si256(); ROWS];
+                    let mut hi = [_mm256_setzero_si256(); ROWS];
+                    for i in 0..ROWS {
+                        let at = p[i].add(c * 32);
+                        let v = if half {
+                            _mm256_zextsi128_si256(_mm_loadu_si128(at as *const _))
+                        } else {
+                            _mm256_loadu_si256(at as *const _)
+                        };
+                        lo[i] = _mm256_and_si256(v, nib);
+                        hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                    }
+                    let d = dig.add(c * CHUNK);
+                    let de = _mm256_loadu_si256(d as *const _);
+                    let dd = _mm256_loadu_si256(d.add(32) as *const _);
+                    let s = $reduce([0, 1, 2, 3].map(|i| $dot(lo[i], hi[i], de, dd)));
+                    let cf = _mm256_loadu_ps(coef.add(c * 8));
+                    // The rows' scales of each block's group.
+                    let sv = match g {
+                        32 => _mm256_loadu_ps(st.add(2 * ROWS * c)),
+                        64 => _mm256_broadcast_ps(&*(st.add(ROWS * c) as *const __m128)),
+                        _ => _mm256_broadcast_ps(&*(st.add(ROWS * (c / 2)) as *const __m128)),
+                    };
+                    let pv = _mm256_mul_ps(_mm256_cvtepi32_ps(s), cf);
+                    *acc = _mm256_fmadd_ps(pv, sv, *acc);
+                };
+                // Whole 64-byte lines (two chunks) of every row, then what is left.
+                let (full, lines) = (nel / CHUNK, nel / (2 * CHUNK));
+                for l in 0..lines {
+                    for pi in p {
+                        // The rows `ahead` bytes on (the next rows' same line): the
+                        // hardware prefetchers lose rows read side by side.
+                        let at = pi.wrapping_add(l * 64 + ahead);
+                        _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
+                    }
+                    step(2 * l, false, acc);
+                    step(2 * l + 1, false, acc);
+                }
+                for c in 2 * lines..full {
+                    step(c, false, acc);
+                }
+                if nel % CHUNK != 0 {
+                    step(full, true, acc);
+                }
+            }
+        }
+    };
+}
+
+/// A row's products with the digits, two to an i16 lane (each half one block's), with
+/// `vpmaddubsw` (u4 × i8 pairs, |·| ≤ 3840, so the even and odd halves add without
+/// saturating).
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_madd(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
+    _mm256_add_epi16(_mm256_maddubs_epi16(lo, de), _mm256_maddubs_epi16(hi, dd))
+}
+
+/// Four rows' [`dot_madd`] lanes summed per block: two `vphaddw` levels (|·| ≤ 4·7680 <
+/// 2^15, no wrap), then `vpmaddwd` adds the last pairs into i32: [rows' first block | second].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn red_madd(t: [__m256i; ROWS]) -> __m256i {
+    let (a, b) = (_mm256_hadd_epi16(t[0], t[1]), _mm256_hadd_epi16(t[2], t[3]));
+    _mm256_madd_epi16(_mm256_hadd_epi16(a, b), _mm256_set1_epi16(1))
+}
+
+/// A row's products with the digits, eight to an i32 lane, with AVX-VNNI's `vpdpbusd`.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn dot_vnni(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
+    let s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, de);
+    _mm256_dpbusd_avx_epi32(s, hi, dd)
+}
+
+/// Four rows' [`dot_vnni`] lanes summed per block (`vphaddd` twice): the same integers as
+/// [`red_madd`], in the same layout.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn red_vnni(t: [__m256i; ROWS]) -> __m256i {
+    let (a, b) = (_mm256_hadd_epi32(t[0], t[1]), _mm256_hadd_epi32(t[2], t[3]));
+    _mm256_hadd_epi32(a, b)
+}
+
+segment_kernel!(seg_madd, "avx2,fma,f16c", dot_madd, red_madd);
+segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni, red_vnni);
+
+/// The row loop of [`rows`] over the segment kernel `$seg`, [`ROWS`] rows at a time
+/// (the last call's missing rows repeat its last row, their sums unused); the rows' scales are
+/// widened once per segment, and the packed bytes, scales and biases of the rows two passes
+/// ahead are prefetched (four rows read side by side lose the hardware prefetchers; one pass
+/// ahead decoded 3-4 % slower than the two-rows kernel). Defined twice, with and without
+/// AVX-VNNI, so the kernel inlines into it.
+macro_rules! row_loop {
+    ($name:ident, $features:literal, $seg:ident) => {
+        /// # Safety
+        /// As [`rows`], shapes asserted there.
+        #[target_feature(enable = $features)]
+        unsafe fn $name(a: &Affine<'_>, x: &Digits<'_>, y: &mut [f32], rows: Range<usize>) {
+            let (g, ng, fs) = (a.group, a.groups(), a.float.size());
+            let (rb, sbytes) = (a.row_bytes(), ng * fs);
+            let pf = 2 * ROWS * rb;
+            let mut st = [0.0f32; ROWS * SEG_GROUPS + SCALE_PAD];
+            let mut r = rows.start;
+            while r < rows.end {
+                let nr = ROWS.min(rows.end - r);
+                let row = |i: usize| a.row(r + i.min(nr - 1));
+                for q in [a.scales, a.biases] {
+                    let ahead = q.as_ptr().wrapping_add((r + 2 * ROWS) * sbytes);
+                    for off in (0..nr * sbytes).step_by(64) {
+                        // A hint only (it may pass the matrix).
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
+                    }
+                }
+                let mut acc = _mm256_setzero_ps();
+                let mut bias = [0.0f32; ROWS];
+                for (i, b) in bias.iter_mut().enumerate().take(nr) {
+                    // SAFETY: the row holds ng biases; sums ng floats (asserted).
+                    *b = unsafe { dot_w(a.float, row(i).2.as_ptr(), x.sums.as_ptr(), ng) };
+                }
+                for g0 in (0..ng).step_by(SEG_GROUPS) {
+                    let k = SEG_GROUPS.min(ng - g0);
+                    let src = [0, 1, 2, 3].map(|i| &row(i).1[g0 * fs..(g0 + k) * fs]);
+                    // SAFETY: AVX2 is present; st holds ROWS·k + SCALE_PAD floats.
+                    unsafe { widen_scales(a.float, src, k, &mut st) };
+                    let (e0, nel) = (g0 * g, k * g);
+                    let c0 = e0 / CHUNK;
+                    let d = x.digits[c0 * CHUNK..].as_ptr();
+                    let cf = x.coef[c0 * 8..].as_ptr();
+                    let p = [0, 1, 2, 3].map(|i| row(i).0[e0 / 2..].as_ptr());
+                    // SAFETY: segments start at a multiple of 512 groups, so of a chunk; each
+                    // row holds nel/2 bytes from e0/2, the buffers were sized above.
+                    unsafe { $seg(p, nel, g, st.as_ptr(), d, cf, pf, &mut acc) };
+                }
+                // Each row's two block halves, then its bias.
+                let mut halves = [0.0f32; 8];
+                // SAFETY: 8 floats.
+                unsafe { _mm256_storeu_ps(halves.as_mut_ptr(), acc) };
+                for (i, b) in bias.iter().enumerate().take(nr) {
+                    y[r - rows.start + i] = b + (halves[i] + halves[ROWS + i]);
+                }
+                r += nr;
+            }
+        }
+    };
+}
+
+row_loop!(rows_madd, "avx2,fma,f16c", seg_madd);
+row_loop!(rows_vnni, "avx2,fma,f16c,avxvnni", seg_vnni);
+
+/// `k` scales of `float` of each of [`ROWS`] rows (`src[i]`) widened to f32 into `out` a
+/// group at a time, the rows' four side by side ([`ROWS`]·k floats), then [`SCALE_PAD`]
+/// zeros.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn widen_scales(float: DType, src: [&[u8]; ROWS], k: usize, out: &mut [f32]) {
+    let whole = k / 8 * 8;
+    let o = out.as_mut_ptr();
+    for i in (0..whole).step_by(8) {
+        // SAFETY: each src holds k ≥ i + 8 elements, out ROWS·k + SCALE_PAD floats.
+        unsafe {
+            let v = src.map(|s| load8(float, s.as_ptr(), i));
+            // A 4 × 8 transpose: groups i..i+8 of the four rows, four floats a group.
+            let (t0, t1) = (
+                _mm256_unpacklo_ps(v[0], v[1]),
+                _mm256_unpackhi_ps(v[0], v[1]),
+            );
+            let (t2, t3) = (
+                _mm256_unpacklo_ps(v[2], v[3]),
+                _mm256_unpackhi_ps(v[2], v[3]),
+            );
+            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2); // groups i, i + 4
+            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2); // i + 1, i + 5
+            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3); // i + 2, i + 6
+            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3); // i + 3, i + 7
+            let at = o.add(ROWS * i);
+            _mm256_storeu_ps(at, _mm256_permute2f128_ps::<0x20>(u0, u1));
+            _mm256_storeu_ps(at.add(8), _mm256_permute2f128_ps::<0x20>(u2, u3));
+            _mm256_storeu_ps(at.add(16), _mm256_permute2f128_ps::<0x31>(u0, u1));
+            _mm256_storeu_ps(at.add(24), _mm256_permute2f128_ps::<0x31>(u2, u3));
+        }
+    }
+    let fs = float.size();
+    let mut tail = [0.0f32; 8];
+    for (i, s) in src.iter().enumerate() {
+        let n = k - whole;
+        widen(float, &s[whole * fs..k * fs], &mut tail[..n]);
+        for (j, &t) in tail[..n].iter().enumerate() {
+            out[ROWS * (whole + j) + i] = t;
+        }
+    }
+    out[ROWS * k..ROWS * k + SCALE_PAD].fill(0.0);
+}
