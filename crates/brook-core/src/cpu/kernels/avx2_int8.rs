@@ -46,6 +46,11 @@ pub(super) unsafe fn rows(
 /// [`red_vnni`].
 const ROWS: usize = 4;
 
+/// A segment's scales as [`widen_scales`] lays them out, aligned so that a group's four (16
+/// bytes at a multiple of 16) read as one `__m128`.
+#[repr(C, align(32))]
+struct Scales([f32; ROWS * SEG_GROUPS + SCALE_PAD]);
+
 /// The kernel of [`ROWS`] rows over one segment of `nel` elements (a multiple of 32). Per
 /// chunk, `$dot` gives each row's products in lanes and `$reduce` sums them per 32-element
 /// block into one register, [rows' sums of the chunk's first block | of its second], which
@@ -59,7 +64,8 @@ macro_rules! segment_kernel {
         ///
         /// # Safety
         /// The features must be present; `p[i]` holds nel/2 bytes, `st` the segment's scales
-        /// widened to f32 by [`widen_scales`] (four a group, plus [`SCALE_PAD`]), `dig` and
+        /// widened to f32 by [`widen_scales`] (four a group, plus [`SCALE_PAD`]) in
+        /// [`Scales`] (aligned), `dig` and
         /// `coef` the segment's chunks (int8: one digit row); `ahead` is how far ahead of each row to prefetch (a
         /// hint: it may pass the matrix).
         #[allow(clippy::too_many_arguments)]
@@ -181,7 +187,7 @@ macro_rules! row_loop {
             let (g, ng, fs) = (a.group, a.groups(), a.float.size());
             let (rb, sbytes) = (a.row_bytes(), ng * fs);
             let pf = 2 * ROWS * rb;
-            let mut st = [0.0f32; ROWS * SEG_GROUPS + SCALE_PAD];
+            let mut st = Scales([0.0; ROWS * SEG_GROUPS + SCALE_PAD]);
             let mut r = rows.start;
             while r < rows.end {
                 let nr = ROWS.min(rows.end - r);
@@ -203,7 +209,7 @@ macro_rules! row_loop {
                     let k = SEG_GROUPS.min(ng - g0);
                     let src = [0, 1, 2, 3].map(|i| &row(i).1[g0 * fs..(g0 + k) * fs]);
                     // SAFETY: AVX2 is present; st holds ROWS·k + SCALE_PAD floats.
-                    unsafe { widen_scales(a.float, src, k, &mut st) };
+                    unsafe { widen_scales(a.float, src, k, &mut st.0) };
                     let (e0, nel) = (g0 * g, k * g);
                     let c0 = e0 / CHUNK;
                     let d = x.digits[c0 * CHUNK..].as_ptr();
@@ -211,7 +217,7 @@ macro_rules! row_loop {
                     let p = [0, 1, 2, 3].map(|i| row(i).0[e0 / 2..].as_ptr());
                     // SAFETY: segments start at a multiple of 512 groups, so of a chunk; each
                     // row holds nel/2 bytes from e0/2, the buffers were sized above.
-                    unsafe { $seg(p, nel, g, st.as_ptr(), d, cf, pf, &mut acc) };
+                    unsafe { $seg(p, nel, g, st.0.as_ptr(), d, cf, pf, &mut acc) };
                 }
                 // Each row's two block halves, then its bias.
                 let mut halves = [0.0f32; 8];
