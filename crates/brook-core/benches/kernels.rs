@@ -378,10 +378,11 @@ fn matmul(c: &mut Criterion) {
             g.bench_function(format!("{name}/{}/{threads}t", level.name()), |b| {
                 b.iter(|| qmatmul_pool(&pool, level, &w.view(), &x, &mut y, &mut xb))
             });
-            if !SimdLevel::has_vnni() {
+            if !(SimdLevel::has_vnni() || level == SimdLevel::Avx2) {
                 continue;
             }
-            // The integer tile of Split24 and Fast (activations prepared inside, as above).
+            // The integer tile of Split24 and Fast (AVX-512 VNNI's, or AVX2's; activations
+            // prepared inside, as above).
             for p in [Precision::Split24, Precision::Fast] {
                 let id = format!("{name}/{}-{p:?}/{threads}t", level.name());
                 g.bench_function(id, |b| {
