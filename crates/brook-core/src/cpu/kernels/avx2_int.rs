@@ -237,21 +237,10 @@ macro_rules! segment_kernel {
         ) {
             // SAFETY: the caller's contract (see above); a half chunk reads 16 bytes.
             unsafe {
-                let nib = _mm256_set1_epi8(0x0F);
                 let pair = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
-                let step = |c: usize, half: bool, acc: &mut [__m256; R]| {
-                    let mut lo = [_mm256_setzero_si256(); R];
-                    let mut hi = [_mm256_setzero_si256(); R];
-                    for i in 0..R {
-                        let at = p[i].add(c * 32);
-                        let v = if half {
-                            _mm256_zextsi128_si256(_mm_loadu_si128(at as *const _))
-                        } else {
-                            _mm256_loadu_si256(at as *const _)
-                        };
-                        lo[i] = _mm256_and_si256(v, nib);
-                        hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                    }
+                let mut step = |c: usize, half: bool| {
+                    let piece = p.map(|pi| nibbles(pi.add(c * 32), half));
+                    let (lo, hi) = (piece.map(|v| v.0), piece.map(|v| v.1));
                     let mut sk = [[_mm256_setzero_si256(); R]; D];
                     for (k, sk) in sk.iter_mut().enumerate() {
                         let d = dig.add((c * D + k) * CHUNK);
@@ -279,44 +268,88 @@ macro_rules! segment_kernel {
                         acc[i] = _mm256_fmadd_ps(pv, sv, acc[i]);
                     }
                 };
-                // Whole 64-byte lines (two chunks) of every row, then what is left.
-                let (full, lines) = (nel / CHUNK, nel / (2 * CHUNK));
-                for l in 0..lines {
-                    for pi in p {
-                        // The rows `ahead` bytes on (the next rows' same line): the
-                        // hardware prefetchers lose rows read side by side.
-                        let at = pi.wrapping_add(l * 64 + ahead);
-                        _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
-                    }
-                    step(2 * l, false, acc);
-                    step(2 * l + 1, false, acc);
-                }
-                for c in 2 * lines..full {
-                    step(c, false, acc);
-                }
-                if nel % CHUNK != 0 {
-                    step(full, true, acc);
-                }
+                walk_segment(p, nel, ahead, &mut step);
             }
         }
     };
 }
 
-/// A digit row's lane sums with `vpmaddubsw` (u4 × i8 pairs, |·| ≤ 3840, so the even and odd
-/// halves add in i16 without saturating) and `vpmaddwd`.
+/// A digit row's lane sums with `vpmaddubsw` and `vpmaddwd`: [`pair_products`] added in
+/// pairs into i32.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn dot_madd(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
-    let t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, de), _mm256_maddubs_epi16(hi, dd));
-    _mm256_madd_epi16(t, _mm256_set1_epi16(1))
+    // SAFETY: AVX2 is present (this function's features).
+    unsafe { _mm256_madd_epi16(pair_products(lo, hi, de, dd), _mm256_set1_epi16(1)) }
 }
 
-/// [`dot_madd`] with AVX-VNNI's `vpdpbusd`.
+/// A piece's products with a digit row's bytes, two to an i16 lane (each 128-bit half one
+/// block's), with `vpmaddubsw`: u4 × i8 pairs, |·| ≤ 3840, so the even and odd halves add
+/// without saturating.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn pair_products(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
+    _mm256_add_epi16(_mm256_maddubs_epi16(lo, de), _mm256_maddubs_epi16(hi, dd))
+}
+
+/// A piece's products with a digit row's bytes, eight to an i32 lane, with AVX-VNNI's
+/// `vpdpbusd`.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dot_vnni(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
+pub(super) unsafe fn dot_vnni(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
     let s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, de);
     _mm256_dpbusd_avx_epi32(s, hi, dd)
+}
+
+/// The piece of a row at `at` (32 bytes, or 16 for a `half` chunk: the rest zero) as its low
+/// nibbles (the even elements) and its high ones (the odd), one per byte.
+///
+/// # Safety
+/// AVX2 must be present and `at` hold the bytes read.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn nibbles(at: *const u8, half: bool) -> (__m256i, __m256i) {
+    let nib = _mm256_set1_epi8(0x0F);
+    // SAFETY: the caller's contract.
+    let v = unsafe {
+        if half {
+            _mm256_zextsi128_si256(_mm_loadu_si128(at as *const _))
+        } else {
+            _mm256_loadu_si256(at as *const _)
+        }
+    };
+    (
+        _mm256_and_si256(v, nib),
+        _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib),
+    )
+}
+
+/// `step(chunk, half)` over a segment of `nel` elements (a multiple of 32) of the rows at
+/// `p`: whole 64-byte lines (two chunks) of every row, each row's line `ahead` bytes on
+/// prefetched first (the next rows' same line: the hardware prefetchers lose rows read side
+/// by side; a hint, it may pass the matrix), then the chunks left and a last half chunk.
+#[inline(always)]
+pub(super) fn walk_segment<const R: usize>(
+    p: [*const u8; R],
+    nel: usize,
+    ahead: usize,
+    step: &mut impl FnMut(usize, bool),
+) {
+    let (full, lines) = (nel / CHUNK, nel / (2 * CHUNK));
+    for l in 0..lines {
+        for pi in p {
+            // SAFETY: a prefetch has no memory effects, wherever it points.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(pi.wrapping_add(l * 64 + ahead) as *const i8) };
+        }
+        step(2 * l, false);
+        step(2 * l + 1, false);
+    }
+    for c in 2 * lines..full {
+        step(c, false);
+    }
+    if !nel.is_multiple_of(CHUNK) {
+        step(full, true);
+    }
 }
 
 segment_kernel!(seg_madd, "avx2,fma,f16c", dot_madd);

@@ -7,8 +7,8 @@
 //! the resident 35B 2.6-5 % faster (docs/bench/2026-12-04.md); with AVX-VNNI the same as the
 //! two-rows kernel. Split24 keeps `avx2_int.rs`'s two-rows kernel (its three digit rows would
 //! take three such reductions, as dear as the scalings they save: 6 % slower). The activation
-//! digits and the dispatch are `avx2_int.rs`'s; the integer sums are the same on both
-//! instruction sets, so are the bits.
+//! digits, the pieces' nibbles, the products, the segment walk and the dispatch are
+//! `avx2_int.rs`'s; the integer sums are the same on both instruction sets, so are the bits.
 //!
 //! [`Order::Rows`]: crate::linear::Order::Rows
 
@@ -16,7 +16,7 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 
 use super::avx2::{dot_w, load8};
-use super::avx2_int::{CHUNK, Digits};
+use super::avx2_int::{CHUNK, Digits, dot_vnni, nibbles, pair_products, walk_segment};
 use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, widen};
 use crate::dtype::DType;
 
@@ -83,20 +83,9 @@ macro_rules! segment_kernel {
         ) {
             // SAFETY: the caller's contract (see above); a half chunk reads 16 bytes.
             unsafe {
-                let nib = _mm256_set1_epi8(0x0F);
-                let step = |c: usize, half: bool, acc: &mut __m256| {
-                    let mut lo = [_mm256_setzero_si256(); ROWS];
-                    let mut hi = [_mm256_setzero_si256(); ROWS];
-                    for i in 0..ROWS {
-                        let at = p[i].add(c * 32);
-                        let v = if half {
-                            _mm256_zextsi128_si256(_mm_loadu_si128(at as *const _))
-                        } else {
-                            _mm256_loadu_si256(at as *const _)
-                        };
-                        lo[i] = _mm256_and_si256(v, nib);
-                        hi[i] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
-                    }
+                let mut step = |c: usize, half: bool| {
+                    let piece = p.map(|pi| nibbles(pi.add(c * 32), half));
+                    let (lo, hi) = (piece.map(|v| v.0), piece.map(|v| v.1));
                     let d = dig.add(c * CHUNK);
                     let de = _mm256_loadu_si256(d as *const _);
                     let dd = _mm256_loadu_si256(d.add(32) as *const _);
@@ -111,53 +100,19 @@ macro_rules! segment_kernel {
                     let pv = _mm256_mul_ps(_mm256_cvtepi32_ps(s), cf);
                     *acc = _mm256_fmadd_ps(pv, sv, *acc);
                 };
-                // Whole 64-byte lines (two chunks) of every row, then what is left.
-                let (full, lines) = (nel / CHUNK, nel / (2 * CHUNK));
-                for l in 0..lines {
-                    for pi in p {
-                        // The rows `ahead` bytes on (the next rows' same line): the
-                        // hardware prefetchers lose rows read side by side.
-                        let at = pi.wrapping_add(l * 64 + ahead);
-                        _mm_prefetch::<_MM_HINT_T0>(at as *const i8);
-                    }
-                    step(2 * l, false, acc);
-                    step(2 * l + 1, false, acc);
-                }
-                for c in 2 * lines..full {
-                    step(c, false, acc);
-                }
-                if nel % CHUNK != 0 {
-                    step(full, true, acc);
-                }
+                walk_segment(p, nel, ahead, &mut step);
             }
         }
     };
 }
 
-/// A row's products with the digits, two to an i16 lane (each half one block's), with
-/// `vpmaddubsw` (u4 × i8 pairs, |·| ≤ 3840, so the even and odd halves add without
-/// saturating).
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn dot_madd(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
-    _mm256_add_epi16(_mm256_maddubs_epi16(lo, de), _mm256_maddubs_epi16(hi, dd))
-}
-
-/// Four rows' [`dot_madd`] lanes summed per block: two `vphaddw` levels (|·| ≤ 4·7680 <
+/// Four rows' [`pair_products`] lanes summed per block: two `vphaddw` levels (|·| ≤ 4·7680 <
 /// 2^15, no wrap), then `vpmaddwd` adds the last pairs into i32: [rows' first block | second].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn red_madd(t: [__m256i; ROWS]) -> __m256i {
     let (a, b) = (_mm256_hadd_epi16(t[0], t[1]), _mm256_hadd_epi16(t[2], t[3]));
     _mm256_madd_epi16(_mm256_hadd_epi16(a, b), _mm256_set1_epi16(1))
-}
-
-/// A row's products with the digits, eight to an i32 lane, with AVX-VNNI's `vpdpbusd`.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dot_vnni(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
-    let s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, de);
-    _mm256_dpbusd_avx_epi32(s, hi, dd)
 }
 
 /// Four rows' [`dot_vnni`] lanes summed per block (`vphaddd` twice): the same integers as
@@ -169,7 +124,7 @@ unsafe fn red_vnni(t: [__m256i; ROWS]) -> __m256i {
     _mm256_hadd_epi32(a, b)
 }
 
-segment_kernel!(seg_madd, "avx2,fma,f16c", dot_madd, red_madd);
+segment_kernel!(seg_madd, "avx2,fma,f16c", pair_products, red_madd);
 segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni, red_vnni);
 
 /// The row loop of [`rows`] over the segment kernel `$seg`, [`ROWS`] rows at a time
