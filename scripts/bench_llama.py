@@ -42,10 +42,12 @@ def cpu_info():
     return model, simd
 
 
-def commit():
+def commit(brook):
+    """The commit the brook binary was built from (`brook --version` names it), not the
+    tree's: the binary may come from another build."""
     try:
-        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
+        out = subprocess.run([brook, "--version"], capture_output=True, text=True, check=True)
+        return out.stdout.strip().rsplit("(", 1)[-1].rstrip(")") or "?"
     except (OSError, subprocess.CalledProcessError):
         return "?"
 
@@ -107,7 +109,7 @@ def main():
 
     model, flags = cpu_info()
     when = datetime.date.today().isoformat()
-    rev = commit()
+    rev = commit(a.brook)
     print(f"# {model}; SIMD flags: {' '.join(flags) or 'none'}; {when}; brook {rev}; "
           f"{a.threads} threads; -p {a.prompt} -n {a.gen} -r {a.reps}; BROOK_SIMD={a.simd or '(detected)'}")
     print()
