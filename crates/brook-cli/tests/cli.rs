@@ -385,7 +385,10 @@ fn bench_json_reports_one_row_per_budget() {
             (f("disk_bw_gb_s") - (before + after) / 2.0).abs() < 1e-9,
             "{row}"
         );
-        assert!(f("limit_tok_s") > 0.0, "{row}");
+        // The limit counts the states a token moves beside the weights.
+        let state = f("state_bytes_per_token");
+        assert!(state > 0.0 && f("limit_tok_s") > 0.0, "{row}");
+        assert!(f("limit_tok_s") <= f("limit_weights_tok_s"), "{row}");
         assert_eq!(row["depth"].as_u64(), Some(8), "{row}");
         // The limit's bandwidth is a median of reads: no single read beats the best one.
         let (before, after) = (f("mem_bw_before_gb_s"), f("mem_bw_after_gb_s"));

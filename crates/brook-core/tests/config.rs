@@ -215,3 +215,52 @@ fn malformed_config_json_names_the_file() {
         "{e}"
     );
 }
+
+/// `decode_state_bytes` (what bench counts besides the weights) matches the state a decoded
+/// token really moves: every DeltaNet layer's recurrent state and conv rows read and written,
+/// every attention layer's cached keys and values read and one new row of each written.
+#[test]
+fn decode_state_bytes_match_the_state_held() {
+    use brook_core::model::state::LayerState;
+    use brook_core::{Logits, Model};
+    for name in ["next-q4", "qwen35-q4"] {
+        let m = Model::open(&common::fixture(name)).expect("open");
+        let cfg = &m.cfg;
+        let mut st = m.new_state();
+        let tokens = [1u32, 5, 9, 2, 7];
+        m.forward(&mut st, &tokens, Logits::Last, None)
+            .expect("forward");
+        let (mut moved, mut kv_row) = (0usize, 0usize);
+        for l in &st.layers {
+            match l {
+                LayerState::Linear { conv, ssm } => moved += 2 * 4 * (conv.len() + ssm.len()),
+                LayerState::Full { keys, values } => {
+                    let row = keys.len() / tokens.len();
+                    kv_row = row;
+                    // The cached rows read, one new row of keys and one of values written.
+                    moved += 4 * (keys.len() + values.len() + 2 * row);
+                }
+            }
+        }
+        assert!(kv_row > 0, "{name}: no attention layer");
+        assert_eq!(
+            cfg.decode_state_bytes(tokens.len(), 4),
+            moved as u64,
+            "{name}"
+        );
+        // bf16 recurrent states halve their share, and nothing else.
+        let ssm: usize = st
+            .layers
+            .iter()
+            .map(|l| match l {
+                LayerState::Linear { ssm, .. } => ssm.len(),
+                LayerState::Full { .. } => 0,
+            })
+            .sum();
+        assert_eq!(
+            cfg.decode_state_bytes(tokens.len(), 2),
+            (moved - 2 * 2 * ssm) as u64,
+            "{name}"
+        );
+    }
+}

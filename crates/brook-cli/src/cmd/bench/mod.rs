@@ -16,11 +16,12 @@ use std::sync::Arc;
 use brook_core::routing::RoutingTrace;
 use brook_core::session::{Event, GenOptions, Routes};
 use brook_core::text::{SamplingParams, StreamOptions, TextStream};
-use serde::{Deserialize, Serialize};
 
 mod parts;
+mod row;
 mod tables;
 use parts::{dense_bytes, gpu_row, mean_sd, model_sizes, per_step, simd_label};
+pub use row::{GpuRow, Row};
 use tables::print_tables;
 
 /// Measure prefill and decode speed, memory and I/O.
@@ -59,134 +60,6 @@ pub struct Args {
     /// replaying (it guesses from the routers).
     #[arg(long, value_name = "FILE")]
     routing_trace: Option<std::path::PathBuf>,
-}
-
-/// One configuration's results.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Row {
-    pub model: String,
-    pub model_bytes: u64,
-    pub budget_bytes: Option<u64>,
-    pub threads: usize,
-    /// `--precision` of the run (exact, split24, fast).
-    #[serde(default)]
-    pub precision: String,
-    /// The CPU kernels' SIMD level (`BROOK_SIMD` caps it) and whether AVX-512 VNNI (`+vnni`)
-    /// or AVX-VNNI (`+avxvnni`) is used.
-    #[serde(default)]
-    pub simd: String,
-    pub prefetch: bool,
-    /// Expert slots in use at the end of the run.
-    pub expert_slots: Option<usize>,
-    /// Slots the budget pays for (the cache grows to them once that pays; `--fill-cache`).
-    #[serde(default)]
-    pub expert_slots_max: Option<usize>,
-    pub n_prompt: usize,
-    pub n_gen: usize,
-    /// Context tokens before the decode test (`--depth`).
-    #[serde(default)]
-    pub depth: usize,
-    pub pp_tok_s: f64,
-    pub pp_tok_s_sd: f64,
-    pub tg_tok_s: f64,
-    pub tg_tok_s_sd: f64,
-    pub ttft_s: f64,
-    pub peak_rss_bytes: u64,
-    /// The decode test's demand hit rate (the same figure as `demand_hit_rate`; kept for
-    /// scripts).
-    pub hit_rate: f64,
-    /// Experts found in memory when a decoded token asked for them (whether a prefetch or an
-    /// earlier request brought them) / experts asked for.
-    #[serde(default)]
-    pub demand_hit_rate: f64,
-    /// Experts read ahead by the prefetch during the decode test, and how many of those a
-    /// token then asked for.
-    #[serde(default)]
-    pub prefetch_reads: u64,
-    #[serde(default)]
-    pub prefetch_used: u64,
-    /// `--cache-eviction` of the run.
-    #[serde(default)]
-    pub eviction: String,
-    /// The routing trace decode replayed (`--routing-trace`), and its tokens.
-    #[serde(default)]
-    pub routing_trace: Option<String>,
-    #[serde(default)]
-    pub routing_trace_tokens: usize,
-    pub bytes_read_per_token: f64,
-    /// Achieved read bandwidth while reads were in flight during decode.
-    pub disk_gb_s: f64,
-    /// The disk's own bandwidth for whole-expert random reads: the mean of the measurements
-    /// right before and right after the decode test.
-    pub disk_bw_gb_s: f64,
-    /// Those two measurements.
-    #[serde(default)]
-    pub disk_bw_before_gb_s: f64,
-    #[serde(default)]
-    pub disk_bw_after_gb_s: f64,
-    /// Memory read bandwidth over the resident weights: the median of a second of plain
-    /// reads of the head right before and one right after the decode test (after the prefill
-    /// alone when there is no decode).
-    pub mem_bw_gb_s: f64,
-    /// The medians of the reads before and after the decode test.
-    #[serde(default)]
-    pub mem_bw_before_gb_s: f64,
-    #[serde(default)]
-    pub mem_bw_after_gb_s: f64,
-    /// The fastest single read (not used for the limit).
-    #[serde(default)]
-    pub mem_bw_best_gb_s: f64,
-    /// Weight bytes one decoded token touches.
-    pub bytes_touched_per_token: f64,
-    /// Decode limit: 1 / max(bytes touched / memory bandwidth, bytes read / disk bandwidth),
-    /// the disk's being the larger of the measurement and what the run's reads achieved.
-    pub limit_tok_s: f64,
-    /// Compute time of a decoded token: the process's CPU seconds during decode per token,
-    /// divided by the compute threads (waits for reads use no CPU; spinning workers and the
-    /// I/O threads count, so this errs high). CPU backend only.
-    #[serde(default)]
-    pub compute_s_per_token: f64,
-    /// Disk time of a decoded token: bytes read / the limit's disk bandwidth.
-    #[serde(default)]
-    pub read_s_per_token: f64,
-    pub open_s: f64,
-    /// "cpu", "cuda" or "reference".
-    #[serde(default)]
-    pub backend: String,
-    /// The commit the binary was built from (`unknown` outside a git checkout).
-    #[serde(default)]
-    pub commit: String,
-    /// GPU figures when a GPU backend ran.
-    #[serde(default)]
-    pub gpu: Option<GpuRow>,
-}
-
-/// A GPU run's figures: decode counters per token and the device's measured bandwidths.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-pub struct GpuRow {
-    pub device: String,
-    pub budget_bytes: u64,
-    pub used_bytes: u64,
-    pub slots: usize,
-    pub resident: bool,
-    /// Experts in mapped host memory, which the kernels read over PCIe.
-    #[serde(default)]
-    pub mapped: usize,
-    pub hit_rate: f64,
-    /// Where mapped: the share of the GPU's misses in decode that a prefetch had gathered.
-    #[serde(default)]
-    pub prefetched: f64,
-    /// Expert bytes copied host → GPU per decoded token (where mapped: read over PCIe by
-    /// the kernels).
-    pub bytes_copied_per_token: f64,
-    /// Host waits on the GPU per decoded token.
-    pub syncs_per_token: f64,
-    /// Device copy bandwidth (read + write), GB/s, measured in this run.
-    pub hbm_gb_s: f64,
-    /// Pinned host → device bandwidth, GB/s, measured in this run.
-    pub h2d_gb_s: f64,
-    /// 1 / max(bytes touched / HBM, copied / PCIe, disk reads / disk (as the row's limit)).
-    pub limit_tok_s: f64,
 }
 
 pub fn run(a: Args) -> Result<()> {
@@ -511,6 +384,11 @@ fn run_one(a: &Args) -> Result<Row> {
         all.median()
     };
     let (_, peak) = budget::rss();
+    // Every expert in memory (a resident store counts no requests): every request hits.
+    let demand_hits = match delta {
+        Some(d) if model.experts.capacity() != usize::MAX => d.hit_rate(),
+        _ => 1.0,
+    };
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
     let bytes_read_per_token = delta.map_or(0.0, |d| per_step(d.bytes_read, steps));
@@ -528,7 +406,16 @@ fn run_one(a: &Args) -> Result<Row> {
     } else {
         0.0
     };
-    let mut limit_s = touched / (mem_bw * 1e9).max(1.0);
+    // The states a decoded token moves, at the decode test's middle position; the CPU's
+    // fast path holds the DeltaNet states in bf16 while it decodes.
+    let ssm_bytes = if a.model.backend == "cpu" && a.model.precision == "fast" {
+        2
+    } else {
+        4
+    };
+    let state = cfg.decode_state_bytes(a.depth + 1 + a.n_gen / 2, ssm_bytes) as f64;
+    let weights_s = touched / (mem_bw * 1e9).max(1.0);
+    let mut limit_s = (touched + state) / (mem_bw * 1e9).max(1.0);
     let read_s_per_token = if limit_disk_bw > 0.0 {
         bytes_read_per_token / limit_disk_bw
     } else {
@@ -542,7 +429,9 @@ fn run_one(a: &Args) -> Result<Row> {
         0.0
     };
     let gpu = match (gpu_stats, gpu_bw) {
-        (Some((b, g)), Some(bw)) => Some(gpu_row(&b, g, bw, touched, steps, read_s_per_token)),
+        (Some((b, g)), Some(bw)) => {
+            Some(gpu_row(&b, g, bw, touched + state, steps, read_s_per_token))
+        }
         _ => None,
     };
     Ok(Row {
@@ -573,8 +462,8 @@ fn run_one(a: &Args) -> Result<Row> {
         tg_tok_s_sd: tg_sd,
         ttft_s: mean_sd(&ttft).0,
         peak_rss_bytes: peak,
-        hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
-        demand_hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
+        hit_rate: demand_hits,
+        demand_hit_rate: demand_hits,
         prefetch_reads: delta.map_or(0, |d| d.prefetches),
         prefetch_used: delta.map_or(0, |d| d.prefetch_hits),
         eviction: a.model.cache_eviction.clone(),
@@ -590,7 +479,9 @@ fn run_one(a: &Args) -> Result<Row> {
         mem_bw_after_gb_s: mem_after.median(),
         mem_bw_best_gb_s: mem_before.best().max(mem_after.best()),
         bytes_touched_per_token: touched,
+        state_bytes_per_token: state,
         limit_tok_s: if limit_s > 0.0 { 1.0 / limit_s } else { 0.0 },
+        limit_weights_tok_s: 1.0 / weights_s.max(read_s_per_token).max(1e-12),
         compute_s_per_token,
         read_s_per_token,
         open_s,

@@ -80,9 +80,11 @@ pub(super) fn print_tables(rows: &[Row]) {
     }
     println!();
     println!(
-        "| budget | TTFT (s) | peak RSS | hit rate | GB read/token | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit | ms/token: decode, read, compute | decode / max(read, compute) |"
+        "| budget | TTFT (s) | peak RSS | hit rate | GB read/token | GB touched/token: weights + state | disk GB/s (achieved / measured) | mem GB/s | limit tok/s | tg / limit | ms/token: decode, read, compute | decode / max(read, compute) |"
     );
-    println!("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |");
+    println!(
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
     for r in rows {
         let decode_s = if r.tg_tok_s > 0.0 {
             1.0 / r.tg_tok_s
@@ -91,12 +93,14 @@ pub(super) fn print_tables(rows: &[Row]) {
         };
         let bound = r.read_s_per_token.max(r.compute_s_per_token);
         println!(
-            "| {} | {:.2} | {} | {:.1}% | {:.3} | {:.2} / {:.2} | {:.1} | {:.2} | {:.0}% | {:.0}, {:.0}, {:.0} | {:.2}x |",
+            "| {} | {:.2} | {} | {:.1}% | {:.3} | {:.3} + {:.3} | {:.2} / {:.2} | {:.1} | {:.2} | {:.0}% | {:.0}, {:.0}, {:.0} | {:.2}x |",
             r.budget_bytes.map_or("auto".to_string(), fmt_bytes),
             r.ttft_s,
             fmt_bytes(r.peak_rss_bytes),
             r.hit_rate * 100.0,
             r.bytes_read_per_token / 1e9,
+            r.bytes_touched_per_token / 1e9,
+            r.state_bytes_per_token / 1e9,
             r.disk_gb_s,
             r.disk_bw_gb_s,
             r.mem_bw_gb_s,
