@@ -143,8 +143,17 @@ fn a_budget_that_holds_everything_streams_nothing_after_open() {
     let m = Model::open_with(&c, &opts).expect("open");
     let before = m.experts.stats().expect("stats");
     assert_eq!(before.reads, 32, "all experts loaded at open");
-    run(&m, &Reference::open("next-q4").ids("tokens"));
-    assert_eq!(m.experts.stats().expect("stats").reads, 32);
+    assert_eq!(before.hits + before.misses, 0, "{before:?}");
+    let tokens = Reference::open("next-q4").ids("tokens");
+    run(&m, &tokens);
+    let after = m.experts.stats().expect("stats");
+    assert_eq!(after.reads, 32);
+    // Every expert asked for was in memory: the hit rate is 1, not the load's 0. (A prompt
+    // asks for each expert its chunk routes to once, so at most every token's picks.)
+    let cfg = &m.cfg;
+    let picks = (tokens.len() * cfg.num_experts_per_tok * cfg.num_hidden_layers) as u64;
+    assert!(after.hits > 0 && after.hits <= picks && after.misses == 0, "{after:?}");
+    assert_eq!(after.hit_rate(), 1.0);
     // Nor is an untied embedding table read a row at a time: it is resident too, and its
     // rows are the checkpoint's.
     use brook_core::model::embedding::Embedding;

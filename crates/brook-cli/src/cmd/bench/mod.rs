@@ -384,11 +384,6 @@ fn run_one(a: &Args) -> Result<Row> {
         all.median()
     };
     let (_, peak) = budget::rss();
-    // Every expert in memory (a resident store counts no requests): every request hits.
-    let demand_hits = match delta {
-        Some(d) if model.experts.capacity() != usize::MAX => d.hit_rate(),
-        _ => 1.0,
-    };
     let (pp_m, pp_sd) = mean_sd(&pp);
     let (tg_m, tg_sd) = mean_sd(&tg);
     let bytes_read_per_token = delta.map_or(0.0, |d| per_step(d.bytes_read, steps));
@@ -462,8 +457,8 @@ fn run_one(a: &Args) -> Result<Row> {
         tg_tok_s_sd: tg_sd,
         ttft_s: mean_sd(&ttft).0,
         peak_rss_bytes: peak,
-        hit_rate: demand_hits,
-        demand_hit_rate: demand_hits,
+        hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
+        demand_hit_rate: delta.map_or(1.0, |d| d.hit_rate()),
         prefetch_reads: delta.map_or(0, |d| d.prefetches),
         prefetch_used: delta.map_or(0, |d| d.prefetch_hits),
         eviction: a.model.cache_eviction.clone(),
