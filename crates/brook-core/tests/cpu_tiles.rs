@@ -266,3 +266,48 @@ fn a_model_opened_for_the_cpu_holds_its_projections_in_tiles_where_vnni_exists()
     assert_eq!(order(&d.lm_head), Order::Rows);
     assert_eq!(order(&d.layers[0].mlp.gate), Order::Rows);
 }
+
+#[test]
+fn short_chunks_get_the_chunk_tiles_bits_from_the_one_token_kernel_where_vnni_exists() {
+    // Chunks of up to ONE_TOKEN_ROWS tokens (a short prompt's experts) take the one-token
+    // kernel at the one-token precision; with VNNI that must not change a bit of what the
+    // chunk tile (at the chunk precision, Split24 for exact) gives.
+    use brook_core::cpu::blocks::exec::ONE_TOKEN_ROWS;
+    if !SimdLevel::has_vnni() {
+        return;
+    }
+    let mut rng = Rng::new(26);
+    let (mut xb, mut xp) = (XBatch::new(), XPrep::new());
+    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+    for group in [32, 64, 128] {
+        for float in FLOATS {
+            for (out, inp) in shapes(group) {
+                let w = q4(&mut rng, out, inp, group, float);
+                for w in [tiled(&w), w] {
+                    for t in [1, 2, 3, ONE_TOKEN_ROWS] {
+                        let x = spread(&mut rng, t * inp);
+                        for (chunk, one) in [
+                            (Precision::Split24, Precision::Exact),
+                            (Precision::Fast, Precision::Fast),
+                        ] {
+                            let mut y = vec![f32::NAN; t * out];
+                            qmatmul_at(SimdLevel::Avx512, chunk, &w.view(), &x, &mut y, &mut xb)
+                                .expect("matmul");
+                            for (ti, xt) in x.chunks_exact(inp).enumerate() {
+                                xp.prepare_with(SimdLevel::Avx512, one, xt);
+                                let mut yr = vec![f32::NAN; out];
+                                matvec_rows(SimdLevel::Avx512, &w.view(), &xp, &mut yr, 0..out);
+                                assert_eq!(
+                                    bits(&y[ti * out..(ti + 1) * out]),
+                                    bits(&yr),
+                                    "{one:?} g{group} {float:?} [{out}, {inp}] t{t} {:?}",
+                                    order(&w)
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -152,7 +152,10 @@ fn a_budget_that_holds_everything_streams_nothing_after_open() {
     // asks for each expert its chunk routes to once, so at most every token's picks.)
     let cfg = &m.cfg;
     let picks = (tokens.len() * cfg.num_experts_per_tok * cfg.num_hidden_layers) as u64;
-    assert!(after.hits > 0 && after.hits <= picks && after.misses == 0, "{after:?}");
+    assert!(
+        after.hits > 0 && after.hits <= picks && after.misses == 0,
+        "{after:?}"
+    );
     assert_eq!(after.hit_rate(), 1.0);
     // Nor is an untied embedding table read a row at a time: it is resident too, and its
     // rows are the checkpoint's.

@@ -1,9 +1,10 @@
 //! Running several linear layers that read the same input as one pool job.
 //!
-//! Owns the choice between the matvec kernel (one token) and the matmul kernel (a chunk of
-//! tokens) and the row split of each matrix over the pool's threads, so model code says
-//! "these projections of x" and nothing about kernels or threads. It must not allocate (tasks
-//! live in a fixed array) or know about layers. Mirrors calling
+//! Owns the choice between the matvec kernel (one token, or a chunk of at most
+//! [`ONE_TOKEN_ROWS`] tokens, row by row) and the matmul kernel (a longer chunk) and the row
+//! split of each matrix over the pool's threads, so model code says "these projections of x"
+//! and nothing about kernels or threads. It must not allocate beyond scratch that only grows
+//! (tasks live in a fixed array) or know about layers. Mirrors calling
 //! [`crate::linear::LinearRef::forward_rows`] once per matrix.
 
 use std::ops::Range;
@@ -19,6 +20,14 @@ use crate::linear::LinearRef;
 pub const MAX_TASKS: usize = 8;
 /// Rows per unit of work handed to a thread.
 const ROWS: usize = 32;
+/// Chunks of at most this many tokens take the one-token kernels, a row each, instead of the
+/// chunk kernels, whose re-layout of each weight block (`spread16`, `expand`) and token
+/// tiles of 8 cost as much as the products of a few tokens: a short prompt's experts see
+/// one or two tokens each. With AVX-512 VNNI both kernels give the same bits
+/// (tests/cpu_tiles.rs). Resident 35B, dev-2c, 2026-12-05: pp8 27 → 40-50 tok/s, pp32 38 →
+/// 52-63, pp128 61 → 77-79, pp512 unchanged; forced AVX2 pp8 11 → 20, pp32 15 → 26 (16
+/// tokens cost AVX2's `fast` pp512 14 %).
+pub const ONE_TOKEN_ROWS: usize = 8;
 
 /// The pool and SIMD level the forward pass runs on.
 #[derive(Debug, Clone, Copy)]
@@ -110,7 +119,7 @@ impl Exec<'_> {
             return Err(Error::Invalid(format!("{} linears in one job", outs.len())));
         }
         let n = check_outs(x, t, outs)?;
-        let rowwise = rowwise && t > 1;
+        let rowwise = (rowwise || t <= ONE_TOKEN_ROWS) && t > 1;
         if t == 1 {
             s.prep.prepare_with(self.level, self.precision, x);
         } else if rowwise {
@@ -174,18 +183,35 @@ impl Exec<'_> {
     }
 
     /// [`Exec::linears`] for a chunk of t ≥ 1 tokens on the calling thread alone (a pool job
-    /// running one whole expert per thread), with x prepared into `xb`.
+    /// running one whole expert per thread), with x prepared into `s`.
     pub fn linears_here(
         &self,
         x: &[f32],
         t: usize,
-        xb: &mut XBatch,
+        s: &mut XScratch,
         outs: &mut [(LinearRef<'_>, &mut [f32])],
     ) -> Result<()> {
         if outs.is_empty() || t == 0 {
             return Ok(());
         }
         let n = check_outs(x, t, outs)?;
+        if t <= ONE_TOKEN_ROWS {
+            if s.rows.len() < t {
+                s.rows.resize_with(t, XPrep::default);
+            }
+            for (p, row) in s.rows.iter_mut().zip(x.chunks_exact(n)) {
+                p.prepare_with(self.level, self.precision, row);
+            }
+            for (w, y) in outs.iter_mut() {
+                let out = w.out_features;
+                let ys = SharedMut::new(&mut y[..t * out]);
+                // SAFETY: this thread alone holds `y`; token i's rows 0..out go to
+                // y[i·out..], which `check_outs` verified exist.
+                unsafe { matvec_rows_tokens(self.level, w, &s.rows[..t], &ys, out, 0..out) };
+            }
+            return Ok(());
+        }
+        let xb = &mut s.batch;
         xb.prepare_with(self.level, self.batch_precision(), x, n);
         for (w, y) in outs.iter_mut() {
             let out = w.out_features;

@@ -10,10 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::MoeScratch;
 use crate::config::ModelConfig;
-use crate::cpu::blocks::exec::Exec;
+use crate::cpu::blocks::exec::{Exec, XScratch};
 use crate::cpu::kernels::ops::swiglu_act;
 use crate::cpu::kernels::pool::{Chunks, SharedMut};
-use crate::cpu::kernels::qmatmul::XBatch;
 use crate::error::{Error, Result};
 use crate::experts::source::{ExpertData, ExpertHandle, ExpertSource};
 use crate::model::ops::sigmoid;
@@ -29,8 +28,8 @@ pub(super) struct Lane {
     xe: Vec<f32>, // [LANE_TOKENS, H]
     hg: Vec<f32>, // [LANE_TOKENS, I]
     hu: Vec<f32>, // [LANE_TOKENS, I]
-    xa: XBatch,
-    xh: XBatch,
+    xa: XScratch,
+    xh: XScratch,
 }
 
 #[allow(clippy::too_many_arguments)]
