@@ -269,10 +269,10 @@ fn a_model_opened_for_the_cpu_holds_its_projections_in_tiles_where_vnni_exists()
 
 #[test]
 fn short_chunks_get_the_chunk_tiles_bits_from_the_one_token_kernel_where_vnni_exists() {
-    // Chunks of up to ONE_TOKEN_ROWS tokens (a short prompt's experts) take the one-token
-    // kernel at the one-token precision; with VNNI that must not change a bit of what the
-    // chunk tile (at the chunk precision, Split24 for exact) gives.
-    use brook_core::cpu::blocks::exec::ONE_TOKEN_ROWS;
+    // Chunks of up to ONE_TOKEN_ROWS tokens (ONE_TOKEN_ROWS_TILED on tiles) take the
+    // one-token kernel at the one-token precision; with VNNI that must not change a bit of
+    // what the chunk tile (at the chunk precision, Split24 for exact) gives.
+    use brook_core::cpu::blocks::exec::{ONE_TOKEN_ROWS, ONE_TOKEN_ROWS_TILED};
     if !SimdLevel::has_vnni() {
         return;
     }
@@ -284,7 +284,7 @@ fn short_chunks_get_the_chunk_tiles_bits_from_the_one_token_kernel_where_vnni_ex
             for (out, inp) in shapes(group) {
                 let w = q4(&mut rng, out, inp, group, float);
                 for w in [tiled(&w), w] {
-                    for t in [1, 2, 3, ONE_TOKEN_ROWS] {
+                    for t in [1, 2, 3, ONE_TOKEN_ROWS, 17, ONE_TOKEN_ROWS_TILED] {
                         let x = spread(&mut rng, t * inp);
                         for (chunk, one) in [
                             (Precision::Split24, Precision::Exact),

@@ -1,7 +1,7 @@
 //! Running several linear layers that read the same input as one pool job.
 //!
-//! Owns the choice between the matvec kernel (one token, or a chunk of at most
-//! [`ONE_TOKEN_ROWS`] tokens, row by row) and the matmul kernel (a longer chunk) and the row
+//! Owns the choice between the matvec kernel (one token, or a short chunk row by row:
+//! [`ONE_TOKEN_ROWS`]) and the matmul kernel (a longer chunk) and the row
 //! split of each matrix over the pool's threads, so model code says "these projections of x"
 //! and nothing about kernels or threads. It must not allocate beyond scratch that only grows
 //! (tasks live in a fixed array) or know about layers. Mirrors calling
@@ -14,7 +14,7 @@ use crate::cpu::kernels::pool::{Chunks, CpuPool, SharedMut};
 use crate::cpu::kernels::qmatmul::{XBatch, matmul_rows};
 use crate::cpu::kernels::qmatvec::{Precision, XPrep, check, matvec_rows, matvec_rows_tokens};
 use crate::error::{Error, Result};
-use crate::linear::LinearRef;
+use crate::linear::{LinearRef, MatRef, Order};
 
 /// Matrices one [`Exec::linears`] call may run at once.
 pub const MAX_TASKS: usize = 8;
@@ -23,11 +23,15 @@ const ROWS: usize = 32;
 /// Chunks of at most this many tokens take the one-token kernels, a row each, instead of the
 /// chunk kernels, whose re-layout of each weight block (`spread16`, `expand`) and token
 /// tiles of 8 cost as much as the products of a few tokens: a short prompt's experts see
-/// one or two tokens each. With AVX-512 VNNI both kernels give the same bits
-/// (tests/cpu_tiles.rs). Resident 35B, dev-2c, 2026-12-05: pp8 27 → 40-50 tok/s, pp32 38 →
-/// 52-63, pp128 61 → 77-79, pp512 unchanged; forced AVX2 pp8 11 → 20, pp32 15 → 26 (16
-/// tokens cost AVX2's `fast` pp512 14 %).
+/// one or two tokens each. Resident 35B, dev-2c, 2026-12-05: pp8 27 → 40-50 tok/s, pp32 38 →
+/// 52-63, pp128 61 → 77-79; forced AVX2 pp8 11 → 20, pp32 15 → 26 (16 tokens cost AVX2's
+/// `fast` pp512 14 %).
 pub const ONE_TOKEN_ROWS: usize = 8;
+/// [`ONE_TOKEN_ROWS`] for 4-bit matrices in tiles with AVX-512 VNNI, whose one-token kernel
+/// reads each weight block once for up to 64 tokens and gives the tile's bits
+/// (tests/cpu_tiles.rs): a 512-token chunk's experts (about 16 tokens each on the 35B) then
+/// skip the tile too, pp512 +5-10 % exact and +15-20 % `fast` (docs/bench/2026-12-05.md).
+pub const ONE_TOKEN_ROWS_TILED: usize = 64;
 
 /// The pool and SIMD level the forward pass runs on.
 #[derive(Debug, Clone, Copy)]
@@ -89,6 +93,21 @@ impl Exec<'_> {
         self.run(x, t, s, outs, None, rowwise)
     }
 
+    /// Most tokens of a chunk whose products over `outs` take the one-token kernels:
+    /// [`ONE_TOKEN_ROWS_TILED`] where every matrix is 4-bit in tiles and AVX-512 VNNI runs
+    /// them, else [`ONE_TOKEN_ROWS`].
+    fn one_token_rows(&self, outs: &[(LinearRef<'_>, &mut [f32])]) -> usize {
+        let tiled = |w: &LinearRef<'_>| matches!(w.mat, MatRef::Affine { spec, order: Order::Tiles, .. } if spec.bits == 4);
+        if self.level == SimdLevel::Avx512
+            && SimdLevel::has_vnni()
+            && outs.iter().all(|(w, _)| tiled(w))
+        {
+            ONE_TOKEN_ROWS_TILED
+        } else {
+            ONE_TOKEN_ROWS
+        }
+    }
+
     /// [`Exec::linears`] for one token x [in] that also runs `then(i, rows, y)` on the thread
     /// that computed rows `rows` of matrix `outs[i]`, with those rows of its output, right
     /// after computing them: per-row work that would otherwise be a pool job of its own (the
@@ -119,7 +138,7 @@ impl Exec<'_> {
             return Err(Error::Invalid(format!("{} linears in one job", outs.len())));
         }
         let n = check_outs(x, t, outs)?;
-        let rowwise = (rowwise || t <= ONE_TOKEN_ROWS) && t > 1;
+        let rowwise = (rowwise || t <= self.one_token_rows(outs)) && t > 1;
         if t == 1 {
             s.prep.prepare_with(self.level, self.precision, x);
         } else if rowwise {
@@ -195,7 +214,7 @@ impl Exec<'_> {
             return Ok(());
         }
         let n = check_outs(x, t, outs)?;
-        if t <= ONE_TOKEN_ROWS {
+        if t <= self.one_token_rows(outs) {
             if s.rows.len() < t {
                 s.rows.resize_with(t, XPrep::default);
             }
