@@ -142,7 +142,15 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize, seqs: usize)
     // Attention scores: per thread, one row per query head of a kv head (cpu/blocks/mixer.rs).
     let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
     let scores = threads * group.max(1) * context;
-    let scratch = (chunk * per_token + routed + lanes + scores) * 4 + 3 * cfg.vocab_size * 4;
+    // Tokens prepared one at a time for the one-token kernels (up to 64 of a chunk,
+    // `cpu::blocks::exec`): per thread an expert's inputs and its down projection's, and for
+    // the dense products their widest inputs. A prepared token takes up to 11 bytes an element
+    // (f32 copy, f32 lanes, three digit bytes).
+    let one = 64.min(chunk);
+    let is = cfg.shared_expert_intermediate_size;
+    let preps = one * 11 * (threads * (h + cfg.moe_intermediate_size) + 3 * h + vd + is);
+    let scratch =
+        (chunk * per_token + routed + lanes + scores) * 4 + 3 * cfg.vocab_size * 4 + preps;
     ((kv + delta) * seqs + scratch) as u64
 }
 
