@@ -341,17 +341,21 @@ impl ModelConfig {
             + self.linear_num_value_heads * self.linear_value_head_dim
     }
 
+    /// Full-attention layers (the rest are DeltaNet layers).
+    pub fn attention_layers(&self) -> usize {
+        self.layer_types
+            .iter()
+            .filter(|k| **k == LayerKind::Full)
+            .count()
+    }
+
     /// Bytes of sequence state one decoded token moves besides the weights, with `cached`
     /// positions in the attention layers' caches: each DeltaNet layer's recurrent state read
     /// and written whole (`ssm_bytes` a value: 4 for f32, 2 where the CPU's fast path holds
     /// bf16) and its conv rows read and shifted (f32), each attention layer's cached keys and
     /// values read and one new row of each written (f32).
     pub fn decode_state_bytes(&self, cached: usize, ssm_bytes: usize) -> u64 {
-        let full = self
-            .layer_types
-            .iter()
-            .filter(|k| **k == LayerKind::Full)
-            .count();
+        let full = self.attention_layers();
         let linear = self.num_hidden_layers.saturating_sub(full);
         let delta = 2 * (self.ssm_state_len() * ssm_bytes + self.conv_state_len() * 4);
         let kv = 2 * self.num_key_value_heads * self.head_dim * 4 * (cached + 1);

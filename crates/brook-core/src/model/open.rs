@@ -9,7 +9,7 @@
 use std::path::Path;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::{LayerKind, ModelConfig};
+use crate::config::ModelConfig;
 use crate::container::{self, Container};
 use crate::error::{Error, Result};
 use crate::experts::ExpertCache;
@@ -120,11 +120,7 @@ pub const MAX_CONTEXT: usize = 1 << 24;
 pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize, seqs: usize) -> u64 {
     let seqs = seqs.max(1);
     let chunk = chunk + seqs - 1;
-    let full = cfg
-        .layer_types
-        .iter()
-        .filter(|k| **k == LayerKind::Full)
-        .count();
+    let full = cfg.attention_layers();
     let linear = cfg.num_hidden_layers - full;
     let kv = full * context * 2 * cfg.num_key_value_heads * cfg.head_dim * 4;
     let delta = linear * (cfg.ssm_state_len() + cfg.conv_state_len()) * 4;
@@ -142,11 +138,11 @@ pub fn state_bytes(cfg: &ModelConfig, context: usize, chunk: usize, seqs: usize)
     // Attention scores: per thread, one row per query head of a kv head (cpu/blocks/mixer.rs).
     let group = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
     let scores = threads * group.max(1) * context;
-    // Tokens prepared one at a time for the one-token kernels (up to 64 of a chunk,
-    // `cpu::blocks::exec`): per thread an expert's inputs and its down projection's, and for
-    // the dense products their widest inputs. A prepared token takes up to 11 bytes an element
-    // (f32 copy, f32 lanes, three digit bytes).
-    let one = 64.min(chunk);
+    // Tokens prepared one at a time for the one-token kernels (up to `ONE_TOKEN_ROWS_TILED`
+    // of a chunk): per thread an expert's inputs and its down projection's, and for the dense
+    // products their widest inputs. A prepared token takes up to 11 bytes an element (f32
+    // copy, f32 lanes, three digit bytes).
+    let one = crate::cpu::blocks::exec::ONE_TOKEN_ROWS_TILED.min(chunk);
     let is = cfg.shared_expert_intermediate_size;
     let preps = one * 11 * (threads * (h + cfg.moe_intermediate_size) + 3 * h + vd + is);
     let scratch =

@@ -93,6 +93,18 @@ impl Exec<'_> {
         self.run(x, t, s, outs, None, rowwise)
     }
 
+    /// Each row of x (rows of n) prepared for the one-token kernels into `rows`, which only
+    /// grows.
+    fn prepare_rows(&self, x: &[f32], n: usize, rows: &mut Vec<XPrep>) {
+        let t = x.len() / n;
+        if rows.len() < t {
+            rows.resize_with(t, XPrep::default);
+        }
+        for (p, row) in rows.iter_mut().zip(x.chunks_exact(n)) {
+            p.prepare_with(self.level, self.precision, row);
+        }
+    }
+
     /// Most tokens of a chunk whose products over `outs` take the one-token kernels:
     /// [`ONE_TOKEN_ROWS_TILED`] where every matrix is 4-bit in tiles and AVX-512 VNNI runs
     /// them, else [`ONE_TOKEN_ROWS`].
@@ -142,12 +154,7 @@ impl Exec<'_> {
         if t == 1 {
             s.prep.prepare_with(self.level, self.precision, x);
         } else if rowwise {
-            if s.rows.len() < t {
-                s.rows.resize_with(t, XPrep::default);
-            }
-            for (p, row) in s.rows.iter_mut().zip(x.chunks_exact(n)) {
-                p.prepare_with(self.level, self.precision, row);
-            }
+            self.prepare_rows(x, n, &mut s.rows);
         } else {
             s.batch
                 .prepare_with(self.level, self.batch_precision(), x, n);
@@ -215,12 +222,7 @@ impl Exec<'_> {
         }
         let n = check_outs(x, t, outs)?;
         if t <= self.one_token_rows(outs) {
-            if s.rows.len() < t {
-                s.rows.resize_with(t, XPrep::default);
-            }
-            for (p, row) in s.rows.iter_mut().zip(x.chunks_exact(n)) {
-                p.prepare_with(self.level, self.precision, row);
-            }
+            self.prepare_rows(x, n, &mut s.rows);
             for (w, y) in outs.iter_mut() {
                 let out = w.out_features;
                 let ys = SharedMut::new(&mut y[..t * out]);
