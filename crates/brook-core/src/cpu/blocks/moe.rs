@@ -28,7 +28,9 @@ use crate::model::ops::sigmoid;
 use crate::model::weights::MoeWeights;
 
 mod chunk;
+mod schedule;
 use chunk::Lane;
+use schedule::{Schedule, SlotCounters, Unit};
 
 /// Scratch of [`expert_swiglu`].
 #[derive(Debug, Clone, Default)]
@@ -86,7 +88,7 @@ pub struct MoeScratch {
     ye: Vec<f32>,               // [C·k or k+1, H] expert outputs (prefill: in bucket order)
     slots: Vec<(usize, f32)>,   // [C·k] per token, (bucket position, weight) by ascending expert
     lanes: Vec<Mutex<Lane>>,    // [threads] prefill: one expert at a time per thread
-    sched: Vec<usize>,          // [3·seqs·(k+1)] one-token schedule counters
+    sched: Vec<SlotCounters>,   // [seqs·(k+1)] one-token schedule counters
 }
 
 impl MoeScratch {
@@ -120,7 +122,7 @@ impl MoeScratch {
             ye: vec![0.0; (chunk * k).max(slots) * h],
             slots: vec![(0, 0.0); chunk * k],
             lanes: Vec::new(),
-            sched: vec![0; 3 * slots],
+            sched: (0..slots).map(|_| SlotCounters::default()).collect(),
         }
     }
 }
@@ -289,8 +291,7 @@ fn decode(
     gate_up_ready(&w.shared_expert, layer, is)?;
     let level = ex.level;
     // Threads per token: with several tokens there are that many more experts to share out,
-    // so units grow (fewer claims of the schedule's lock; the rows' results do not depend on
-    // how they are split).
+    // so units grow (fewer claims; the rows' results do not depend on how they are split).
     let threads = ex.pool.threads().div_ceil(n);
     let (gu_rows, down_rows) = (
         unit_rows(i_w, threads, 32, 256),
@@ -298,13 +299,7 @@ fn decode(
     );
     let (per, per_shared) = (i_w.div_ceil(gu_rows), is.div_ceil(gu_rows));
     let per_down = h.div_ceil(down_rows);
-    let sched = std::sync::Mutex::new(Schedule::new(
-        &mut s.sched[..3 * slots],
-        k,
-        slots,
-        per,
-        per_shared,
-    ));
+    let sched = Schedule::new(&mut s.sched[..slots], k, per, per_shared, per_down);
     {
         let (hg, hu) = (SharedMut::new(&mut s.hg), SharedMut::new(&mut s.hu));
         let (preps, ys) = (SharedMut::new(&mut s.preps), SharedMut::new(&mut s.ye));
@@ -314,7 +309,6 @@ fn decode(
         let prep = |t: usize| if n == 1 { one } else { &rows_prep[t] };
         let routed = |slot: usize| slot % kk < k;
         let handle = |slot: usize| &handles[hmap[slot / kk * k + slot % kk]];
-        let lock = || sched.lock().unwrap_or_else(|p| p.into_inner());
         // The rows of a gate/up or a down unit, and a unit's first rows asked into L2.
         let gu = |slot: usize, block: usize| {
             let wide = if routed(slot) { i_w } else { is };
@@ -349,13 +343,13 @@ fn decode(
             loop {
                 let unit = match next.take() {
                     Some(u) => u,
-                    None => lock().claim(landed, per_down, true),
+                    None => sched.claim(landed, true),
                 };
                 // Claim the unit after this one now, where one can start, and ask for its
                 // first rows while this one computes: a unit is a short run (half of an
                 // expert's matrix, or two halves), which would otherwise start on misses.
                 if matches!(unit, Unit::GateUp(..) | Unit::Down(..)) {
-                    next = Some(lock().claim(landed, per_down, false))
+                    next = Some(sched.claim(landed, false))
                         .filter(|u| matches!(u, Unit::GateUp(..) | Unit::Down(..)));
                     next.iter().for_each(warm_unit);
                 }
@@ -374,7 +368,7 @@ fn decode(
                             match gate_up_ready(&**handle(slot), layer, i_w) {
                                 Ok(v) => v,
                                 Err(e) => {
-                                    lock().fail(e);
+                                    sched.fail(e);
                                     return;
                                 }
                             }
@@ -393,7 +387,7 @@ fn decode(
                         let xp = prep(slot / kk);
                         matvec_rows(level, &v.gate_proj, xp, g, rows.clone());
                         matvec_rows(level, &v.up_proj, xp, u, rows);
-                        if lock().gate_up_done(slot) {
+                        if sched.gate_up_done(slot) {
                             // SAFETY: the slot's gate/up blocks are all done and its down
                             // blocks are not claimable until `prepared`, so we hold it alone.
                             let (g, u, xp) = unsafe {
@@ -405,13 +399,13 @@ fn decode(
                             };
                             swiglu_act(level, g, u);
                             xp.prepare_with(level, prec, g);
-                            lock().prepared(slot);
+                            sched.prepared(slot);
                         }
                     }
                     Unit::Down(slot, block) => {
                         let (rows, down) = (down(block), down_of(slot));
                         // SAFETY: (slot, block) is claimed once; the slot's prep was written
-                        // before `prepared` (under the lock) and is only read from now on.
+                        // before `prepared` (published by it) and is only read from now on.
                         let (y, xp) = unsafe {
                             (
                                 ys.slice(slot * h + rows.start..slot * h + rows.end),
@@ -424,7 +418,7 @@ fn decode(
             }
         });
     }
-    if let Some(e) = sched.into_inner().unwrap_or_else(|p| p.into_inner()).failed {
+    if let Some(e) = sched.into_error() {
         return Err(e);
     }
     // Each token's weighted sum, in slot order (routed by rank, then the shared expert), so
@@ -466,134 +460,4 @@ fn gate_up_ready<'a>(hd: &'a dyn ExpertData, layer: usize, width: usize) -> Resu
         )));
     }
     Ok(v)
-}
-
-/// One unit of the one-token MoE's work.
-enum Unit {
-    /// Gate and up rows of block `.1` of slot `.0` (a routed expert).
-    GateUp(usize, usize),
-    /// Down rows of block `.1` of slot `.0` (routed, or the shared expert at slot k).
-    Down(usize, usize),
-    /// Nothing claimable now, but claimed work will make some: try again.
-    Wait,
-    Done,
-}
-
-/// Which units of the one-token MoE are claimed and done. Gate/up blocks come first,
-/// preferring experts already in memory (the routed ones by rank, then the shared expert);
-/// when a slot's last block is done its activations are prepared and its down blocks open up,
-/// so the down projections of the experts that landed run while the rest are still being
-/// read. Counters live in the MoE scratch (no allocation per token).
-struct Schedule<'a> {
-    /// [slots] next gate/up block to claim, gate/up blocks done, next down block to claim
-    /// (`usize::MAX` until the slot's activations are prepared).
-    next_gu: &'a mut [usize],
-    done_gu: &'a mut [usize],
-    next_down: &'a mut [usize],
-    /// Routed experts per token: slot s is a shared expert where s % (k+1) = k.
-    k: usize,
-    slots: usize,
-    /// Gate/up blocks of a routed expert, and of the shared expert (slot k).
-    per: usize,
-    per_shared: usize,
-    /// Gate/up blocks and preparations claimed and not yet finished: work that opens more.
-    opening: usize,
-    failed: Option<Error>,
-}
-
-impl<'a> Schedule<'a> {
-    fn new(
-        counters: &'a mut [usize],
-        k: usize,
-        slots: usize,
-        per: usize,
-        per_shared: usize,
-    ) -> Self {
-        let (next_gu, rest) = counters.split_at_mut(slots);
-        let (done_gu, next_down) = rest.split_at_mut(slots);
-        next_gu.fill(0);
-        done_gu.fill(0);
-        next_down.fill(usize::MAX);
-        Schedule {
-            next_gu,
-            done_gu,
-            next_down,
-            k,
-            slots,
-            per,
-            per_shared,
-            opening: 0,
-            failed: None,
-        }
-    }
-
-    /// Gate/up blocks of `slot`.
-    fn blocks(&self, slot: usize) -> usize {
-        if slot % (self.k + 1) < self.k {
-            self.per
-        } else {
-            self.per_shared
-        }
-    }
-
-    /// The next unit: gate/up of an expert that has landed, else a down block that is open,
-    /// else gate/up of the first expert still being read (the caller blocks on it).
-    /// `wait`: also hand out gate/up of an expert still being read (false: only units that
-    /// can start now, for a claim ahead).
-    fn claim(&mut self, landed: impl Fn(usize) -> bool, per_down: usize, wait: bool) -> Unit {
-        if self.failed.is_some() {
-            return Unit::Done;
-        }
-        let (k, slots) = (self.k, self.slots);
-        let open = |s: &Self, slot: usize| s.next_gu[slot] < s.blocks(slot);
-        let pick = (0..slots)
-            .find(|&slot| open(self, slot) && landed(slot))
-            .map(|slot| (slot, true))
-            .or_else(|| {
-                (0..slots)
-                    .find(|&slot| self.next_down[slot] < per_down)
-                    .map(|slot| (slot, false))
-            })
-            .or_else(|| {
-                (0..slots)
-                    .find(|&slot| wait && slot % (k + 1) < k && open(self, slot))
-                    .map(|slot| (slot, true))
-            });
-        match pick {
-            Some((slot, true)) => {
-                self.next_gu[slot] += 1;
-                self.opening += 1;
-                Unit::GateUp(slot, self.next_gu[slot] - 1)
-            }
-            Some((slot, false)) => {
-                self.next_down[slot] += 1;
-                Unit::Down(slot, self.next_down[slot] - 1)
-            }
-            None if self.opening > 0 => Unit::Wait,
-            None => Unit::Done,
-        }
-    }
-
-    /// A gate/up block of `slot` is done; true when it was the slot's last, and the caller
-    /// now prepares the slot's activations (still counted as opening work).
-    fn gate_up_done(&mut self, slot: usize) -> bool {
-        self.done_gu[slot] += 1;
-        let last = self.done_gu[slot] == self.blocks(slot);
-        if !last {
-            self.opening -= 1;
-        }
-        last
-    }
-
-    /// `slot`'s activations are prepared: its down blocks may be claimed.
-    fn prepared(&mut self, slot: usize) {
-        self.next_down[slot] = 0;
-        self.opening -= 1;
-    }
-
-    /// A read failed: every thread stops at its next claim; the first error is kept.
-    fn fail(&mut self, e: Error) {
-        self.failed.get_or_insert(e);
-        self.opening = self.opening.saturating_sub(1);
-    }
 }
