@@ -1,12 +1,15 @@
-//! A persistent thread pool for the kernels: one job at a time, run by every thread at once.
+//! A persistent thread pool for the kernels: one job at a time, each of its shares run once.
 //!
-//! Owns the worker threads and the hand-off of one borrowed job (`&dyn Fn(thread)`) to all of
+//! Owns the worker threads and the hand-off of one borrowed job (`&dyn Fn(share)`) to all of
 //! them. A call allocates nothing: the job is published through a pointer slot and an epoch
 //! counter, workers spin for a short while (a decode step issues hundreds of jobs a few µs
-//! apart) and then park on a condvar. The calling thread runs share 0 itself and returns only
-//! after every worker finished, which is what makes lending a borrowed closure sound. It must
-//! not know about matrices or models; splitting work is the job's business ([`split`]). No
-//! reference to mirror: running a job on one thread gives the same result.
+//! apart) and then park on a condvar. A job has one share per thread. Each thread first
+//! claims its own share, then any share still unclaimed: a thread the OS has not run yet
+//! (preempted by another program, or still waking) holds up no job, its share runs on a
+//! thread that is running. The calling thread claims shares too and returns only after every
+//! share has finished, which is what makes lending a borrowed closure sound. It must not know
+//! about matrices or models; splitting work is the job's business ([`split`], [`Chunks`]).
+//! No reference to mirror: running a job on one thread gives the same result.
 
 use std::cell::UnsafeCell;
 use std::marker::PhantomData;
@@ -21,27 +24,95 @@ const SPINS: u32 = 1 << 12;
 
 type Job<'a> = dyn Fn(usize) + Sync + 'a;
 
+/// The epoch (job number) in which a share was last claimed, on a cache line of its own: its
+/// owner claims it with one uncontended compare-and-swap.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+struct ShareSlot(AtomicU64);
+
 struct Shared {
-    /// The job in flight; valid from an epoch's publication until `pending` reaches 0.
+    /// The job in flight; valid from an epoch's publication until `done` reaches the share
+    /// count.
     job: UnsafeCell<Option<*const Job<'static>>>,
+    /// The current job's number (from 1); a share belongs to the job whose epoch its claim
+    /// wrote into its slot.
     epoch: AtomicU64,
-    pending: AtomicUsize,
+    shares: Box<[ShareSlot]>,
+    /// Shares of the current job not yet claimed, and finished.
+    unclaimed: AtomicUsize,
+    done: AtomicUsize,
     sleepers: AtomicUsize,
     stop: AtomicBool,
     panicked: AtomicBool,
     lock: Mutex<()>,
     wake: Condvar,
-    /// The caller waits on `done` (after spinning) for `pending` to reach 0.
+    /// The caller waits on `all_done` (after spinning) for `done` to reach the share count.
     caller_sleeping: AtomicBool,
-    done: Condvar,
+    all_done: Condvar,
 }
 
-// SAFETY: `job` is written only by the one caller holding `CpuPool::caller`, while no worker
-// reads it (before publishing an epoch, after all workers reported done); workers only read it
-// between seeing a new epoch and decrementing `pending`. The pointee is `Sync`.
+// SAFETY: `job` is written only by the one caller holding `CpuPool::caller`, while no share of
+// a job is claimed and unfinished (before publishing an epoch, after every share finished);
+// threads read it only between claiming a share of the current epoch and counting it done,
+// and the epoch cannot end before that. The pointee is `Sync`.
 unsafe impl Sync for Shared {}
 // SAFETY: as above; the raw pointer is only dereferenced under that protocol.
 unsafe impl Send for Shared {}
+
+impl Shared {
+    /// Claims share `t` for job `epoch`: true exactly once per share and job, and never once
+    /// that job has ended (every share is claimed before it can end, and epochs only grow).
+    fn claim(&self, t: usize, epoch: u64) -> bool {
+        let slot = &self.shares[t].0;
+        let was = slot.load(Ordering::Relaxed);
+        if was >= epoch {
+            return false;
+        }
+        if slot
+            .compare_exchange(was, epoch, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.unclaimed.fetch_sub(1, Ordering::AcqRel);
+        true
+    }
+
+    /// Runs every share of job `epoch` this thread can claim, its own (`me`) first, and
+    /// returns the first panic of one of them.
+    fn run_shares(&self, me: usize, epoch: u64) -> Option<Box<dyn std::any::Any + Send>> {
+        let n = self.shares.len();
+        let mut first_panic = None;
+        for t in (0..n).map(|i| (me + i) % n) {
+            if t != me && self.unclaimed.load(Ordering::Acquire) == 0 {
+                break;
+            }
+            if !self.claim(t, epoch) {
+                continue;
+            }
+            // SAFETY: a claimed share of the current epoch keeps the job alive until it is
+            // counted done below (see `Shared`); the slot was written before the epoch was
+            // published, which this thread's claim (AcqRel) synchronises with.
+            let job = unsafe { *self.job.get() };
+            if let Some(job) = job {
+                // SAFETY: see above; the pointee outlives this call.
+                let f = unsafe { &*job };
+                if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))) {
+                    first_panic.get_or_insert(p);
+                }
+            }
+            // SeqCst against the caller's `caller_sleeping` store then `done` load: one of
+            // the two sees the other.
+            if self.done.fetch_add(1, Ordering::SeqCst) + 1 == n
+                && self.caller_sleeping.load(Ordering::SeqCst)
+            {
+                let _g = self.lock.lock().unwrap_or_else(|e| e.into_inner());
+                self.all_done.notify_all();
+            }
+        }
+        first_panic
+    }
+}
 
 /// Threads that run one job at a time. `CpuPool::new(1)` runs jobs on the caller only.
 pub struct CpuPool {
@@ -62,31 +133,64 @@ impl std::fmt::Debug for CpuPool {
 impl CpuPool {
     /// A pool of `threads` threads in all, the caller included (at least 1).
     pub fn new(threads: usize) -> Self {
-        let threads = threads.max(1);
+        Self::build(threads.max(1), 0)
+    }
+
+    /// A pool of `threads` shares whose last `absent` have no thread of their own (tests:
+    /// threads that never come).
+    fn build(threads: usize, absent: usize) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<(Arc<Shared>, usize)>();
+        let rx = Arc::new(Mutex::new(rx));
+        let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
+        // Workers learn the shared state and their index once every spawn is known: a
+        // thread that could not be spawned just means a smaller pool, and the indices
+        // handed out stay 1..threads without a gap.
+        let workers = (1..threads - absent.min(threads - 1))
+            .filter_map(|i| {
+                let (rx, ready_tx) = (rx.clone(), ready_tx.clone());
+                std::thread::Builder::new()
+                    .name(format!("brook-cpu-{i}"))
+                    .stack_size(4 << 20)
+                    .spawn(move || {
+                        let got = rx.lock().map(|r| r.recv());
+                        if let Ok(Ok((s, index))) = got {
+                            let _ = ready_tx.send(());
+                            drop(ready_tx);
+                            worker(&s, index);
+                        }
+                    })
+                    .ok()
+            })
+            .collect::<Vec<_>>();
+        let threads = workers.len() + 1 + absent.min(threads - 1);
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
             epoch: AtomicU64::new(0),
-            pending: AtomicUsize::new(0),
+            shares: (0..threads).map(|_| ShareSlot::default()).collect(),
+            unclaimed: AtomicUsize::new(0),
+            done: AtomicUsize::new(0),
             sleepers: AtomicUsize::new(0),
             stop: AtomicBool::new(false),
             panicked: AtomicBool::new(false),
             lock: Mutex::new(()),
             wake: Condvar::new(),
             caller_sleeping: AtomicBool::new(false),
-            done: Condvar::new(),
+            all_done: Condvar::new(),
         });
-        let workers = (1..threads)
-            .filter_map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("brook-cpu-{i}"))
-                    .stack_size(4 << 20)
-                    .spawn(move || worker(&s, i))
-                    .ok()
-            })
-            .collect::<Vec<_>>();
-        // A thread that could not be spawned just means a smaller pool.
-        let threads = workers.len() + 1;
+        for index in 1..=workers.len() {
+            // A receiver gone means its thread died before its first job; `run` then
+            // runs that share elsewhere.
+            let _ = tx.send((shared.clone(), index));
+        }
+        // Every worker has started before the pool is used: a thread's start allocates,
+        // and a decode step must not (tests/cpu_alloc.rs); a share no longer waits for its
+        // thread, so the first jobs would not wait for them either.
+        drop(ready_tx);
+        for _ in 0..workers.len() {
+            if ready.recv().is_err() {
+                break;
+            }
+        }
         CpuPool {
             shared,
             workers,
@@ -94,7 +198,6 @@ impl CpuPool {
             caller: Mutex::new(()),
         }
     }
-
     /// A pool with one thread per CPU the process may use.
     pub fn with_all_cores() -> Self {
         Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
@@ -105,8 +208,9 @@ impl CpuPool {
         self.threads
     }
 
-    /// Runs `job(t)` once for every thread index t in 0..threads, concurrently, and returns
-    /// when all are done. A panic in any share is re-raised here.
+    /// Runs `job(t)` once for every share t in 0..threads, concurrently where threads are
+    /// free (a thread that is late has its share run by another), and returns when all are
+    /// done. A panic in any share is re-raised here.
     pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
         if self.threads == 1 {
             job(0);
@@ -115,41 +219,44 @@ impl CpuPool {
         let _one_caller = self.caller.lock().unwrap_or_else(|e| e.into_inner());
         let s = &*self.shared;
         // SAFETY: erasing the lifetime is sound because this function does not return before
-        // `pending` is 0, i.e. before every worker has stopped using the pointer; the slot is
-        // written while no worker reads it (see `Shared`).
+        // every share is done, i.e. before every thread has stopped using the pointer; the
+        // slot is written while no share is claimed and unfinished (see `Shared`).
         unsafe {
             let ptr: *const Job<'_> = job;
             *s.job.get() = Some(std::mem::transmute::<*const Job<'_>, *const Job<'static>>(
                 ptr,
             ));
         }
-        s.pending.store(self.threads - 1, Ordering::SeqCst);
-        s.epoch.fetch_add(1, Ordering::SeqCst);
+        s.done.store(0, Ordering::Relaxed);
+        s.unclaimed.store(self.threads, Ordering::Relaxed);
+        // Publishing the epoch (a release) makes the job and the counters visible to every
+        // claim of it.
+        let epoch = s.epoch.fetch_add(1, Ordering::SeqCst) + 1;
         if s.sleepers.load(Ordering::SeqCst) > 0 {
             let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
             s.wake.notify_all();
         }
-        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(0)));
+        let mine = s.run_shares(0, epoch);
         let mut spins = 0u32;
-        while s.pending.load(Ordering::Acquire) != 0 {
+        while s.done.load(Ordering::Acquire) != self.threads {
             spins += 1;
             if spins < SPINS {
                 std::hint::spin_loop();
                 continue;
             }
-            // A worker is late, most likely preempted: sleep rather than burn the core it
-            // may be waiting for.
+            // A thread in a share is late, most likely preempted: sleep rather than burn
+            // the core it may be waiting for.
             s.caller_sleeping.store(true, Ordering::SeqCst);
             let mut g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-            while s.pending.load(Ordering::SeqCst) != 0 {
-                g = s.done.wait(g).unwrap_or_else(|e| e.into_inner());
+            while s.done.load(Ordering::SeqCst) != self.threads {
+                g = s.all_done.wait(g).unwrap_or_else(|e| e.into_inner());
             }
             drop(g);
             s.caller_sleeping.store(false, Ordering::SeqCst);
         }
-        // SAFETY: every worker is done with the job; clear the dangling pointer.
+        // SAFETY: every share is done with the job; clear the dangling pointer.
         unsafe { *s.job.get() = None };
-        if let Err(p) = mine {
+        if let Some(p) = mine {
             std::panic::resume_unwind(p);
         }
         if s.panicked.swap(false, Ordering::SeqCst) {
@@ -179,21 +286,10 @@ fn worker(s: &Shared, index: usize) {
         if s.stop.load(Ordering::SeqCst) {
             return;
         }
+        // The newest job: shares of one that already ended can no longer be claimed.
         seen = s.epoch.load(Ordering::Acquire);
-        // SAFETY: a new epoch was published after the job slot was written, and the caller
-        // keeps the job alive until `pending` (decremented below) reaches 0.
-        let job = unsafe { *s.job.get() };
-        if let Some(job) = job {
-            // SAFETY: see above; the pointee outlives this call.
-            let f = unsafe { &*job };
-            if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(index))).is_err() {
-                s.panicked.store(true, Ordering::SeqCst);
-            }
-        }
-        if s.pending.fetch_sub(1, Ordering::SeqCst) == 1 && s.caller_sleeping.load(Ordering::SeqCst)
-        {
-            let _g = s.lock.lock().unwrap_or_else(|e| e.into_inner());
-            s.done.notify_all();
+        if s.run_shares(index, seen).is_some() {
+            s.panicked.store(true, Ordering::SeqCst);
         }
     }
 }
@@ -375,6 +471,47 @@ mod tests {
         let c = Chunks::new(10, 4);
         let all: Vec<_> = std::iter::from_fn(|| c.claim()).collect();
         assert_eq!(all, vec![0..4, 4..8, 8..10]);
+    }
+
+    /// Every share of every job runs exactly once, whichever thread takes it, also when
+    /// shares take uneven time and jobs follow each other closely.
+    #[test]
+    fn every_share_runs_once_per_job() {
+        for threads in [2, 3, 5, 8] {
+            let pool = CpuPool::new(threads);
+            let n = pool.threads();
+            for job in 0..300 {
+                let runs: Vec<AtomicUsize> = (0..n).map(|_| AtomicUsize::new(0)).collect();
+                pool.run(&|t| {
+                    if (t + job) % 7 == 0 {
+                        std::thread::sleep(std::time::Duration::from_micros(50));
+                    }
+                    runs[t].fetch_add(1, Ordering::Relaxed);
+                });
+                let counts: Vec<usize> = runs.iter().map(|r| r.load(Ordering::Relaxed)).collect();
+                assert!(
+                    counts.iter().all(|&c| c == 1),
+                    "{threads} threads, job {job}: {counts:?}"
+                );
+            }
+        }
+    }
+
+    /// A thread that never takes part holds up no job: here two of four shares have no
+    /// thread of their own, and every job still finishes with every share run once (with a
+    /// thread per share, the first job would wait forever).
+    #[test]
+    fn shares_without_a_running_thread_are_run_by_the_others() {
+        let pool = CpuPool::build(4, 2);
+        assert_eq!(pool.threads(), 4);
+        assert_eq!(pool.workers.len(), 1);
+        for _ in 0..200 {
+            let runs: Vec<AtomicUsize> = (0..4).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|t| {
+                runs[t].fetch_add(1, Ordering::Relaxed);
+            });
+            assert!(runs.iter().all(|r| r.load(Ordering::Relaxed) == 1));
+        }
     }
 
     /// Threads claiming guided chunks at once still get every index exactly once.
