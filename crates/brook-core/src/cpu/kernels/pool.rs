@@ -137,32 +137,9 @@ impl CpuPool {
     }
 
     /// A pool of `threads` shares whose last `absent` have no thread of their own (tests:
-    /// threads that never come).
+    /// threads that never come). A thread that could not be spawned is one more such share:
+    /// the threads that run take it.
     fn build(threads: usize, absent: usize) -> Self {
-        let (tx, rx) = std::sync::mpsc::channel::<(Arc<Shared>, usize)>();
-        let rx = Arc::new(Mutex::new(rx));
-        let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
-        // Workers learn the shared state and their index once every spawn is known: a
-        // thread that could not be spawned just means a smaller pool, and the indices
-        // handed out stay 1..threads without a gap.
-        let workers = (1..threads - absent.min(threads - 1))
-            .filter_map(|i| {
-                let (rx, ready_tx) = (rx.clone(), ready_tx.clone());
-                std::thread::Builder::new()
-                    .name(format!("brook-cpu-{i}"))
-                    .stack_size(4 << 20)
-                    .spawn(move || {
-                        let got = rx.lock().map(|r| r.recv());
-                        if let Ok(Ok((s, index))) = got {
-                            let _ = ready_tx.send(());
-                            drop(ready_tx);
-                            worker(&s, index);
-                        }
-                    })
-                    .ok()
-            })
-            .collect::<Vec<_>>();
-        let threads = workers.len() + 1 + absent.min(threads - 1);
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
             epoch: AtomicU64::new(0),
@@ -177,11 +154,21 @@ impl CpuPool {
             caller_sleeping: AtomicBool::new(false),
             all_done: Condvar::new(),
         });
-        for index in 1..=workers.len() {
-            // A receiver gone means its thread died before its first job; `run` then
-            // runs that share elsewhere.
-            let _ = tx.send((shared.clone(), index));
-        }
+        let (ready_tx, ready) = std::sync::mpsc::channel::<()>();
+        let workers = (1..threads.saturating_sub(absent).max(1))
+            .filter_map(|i| {
+                let (s, ready_tx) = (shared.clone(), ready_tx.clone());
+                std::thread::Builder::new()
+                    .name(format!("brook-cpu-{i}"))
+                    .stack_size(4 << 20)
+                    .spawn(move || {
+                        let _ = ready_tx.send(());
+                        drop(ready_tx);
+                        worker(&s, i);
+                    })
+                    .ok()
+            })
+            .collect::<Vec<_>>();
         // Every worker has started before the pool is used: a thread's start allocates,
         // and a decode step must not (tests/cpu_alloc.rs); a share no longer waits for its
         // thread, so the first jobs would not wait for them either.
