@@ -162,14 +162,18 @@ __device__ __forceinline__ float tc_half(const u32 (&v)[4], int u, int h) {
 }
 
 // The loaded chunks against the staged fragments fr and sums sx of one vector, into acc
-// (k = 0: row g, 1: row g + 8; lanes t = 0 and 1 each hold part of the total).
+// (k = 0: row g, 1: row g + 8; lanes t = 0 and 1 each hold part of the total). The chunks
+// are taken in a loop that is not unrolled (one copy of its body: a warp runs this once a
+// tile, so its instructions are fetched once, not four times over), the loaded words moved
+// down one chunk an iteration so every index stays a constant (registers).
 template <int ST, int G>
-__device__ __forceinline__ void tc_consume(const TcLoads<ST, G>& f, const uint4* fr, const float* sx,
+__device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, const float* sx,
                                            int c0, float (&acc)[2]) {
     int lane = threadIdx.x & 31, t = lane & 3, p = lane >> 2;
-#pragma unroll
+#pragma unroll 1
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
+        // The scales' word of this chunk (index 0 after the moves) and its half.
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -177,8 +181,8 @@ __device__ __forceinline__ void tc_consume(const TcLoads<ST, G>& f, const uint4*
             for (int i = 0; i < 2; i++) {
                 uint4 bq = p < 3 ? fr[c * TC_CHUNK_U4 + (2 * h + i) * 12 + p * 4 + t]
                                  : make_uint4(0u, 0u, 0u, 0u);
-                u32 wl = i ? f.w[u][h][0].y : f.w[u][h][0].x;
-                u32 wh = i ? f.w[u][h][1].y : f.w[u][h][1].x;
+                u32 wl = i ? f.w[0][h][0].y : f.w[0][h][0].x;
+                u32 wh = i ? f.w[0][h][1].y : f.w[0][h][1].x;
                 mma16816(d, code_pair(wl, 0), code_pair(wh, 0), code_pair(wl, 1),
                          code_pair(wh, 1), bq.x, bq.y);
                 mma16816(d, code_pair(wl, 2), code_pair(wh, 2), code_pair(wl, 3),
@@ -187,14 +191,31 @@ __device__ __forceinline__ void tc_consume(const TcLoads<ST, G>& f, const uint4*
             // Lane t holds columns 2t, 2t + 1: parts 1 and 2 at t = 0, part 3 at t = 1.
             float lo = t == 0 ? d[0] + d[1] : d[0];
             float hi = t == 0 ? d[2] + d[3] : d[2];
-            float s0 = tc_half<ST, G>(f.s[0], u, h), s1 = tc_half<ST, G>(f.s[1], u, h);
+            // tc_half of chunk u: word u (G = 64) or u / 2 (G = 128), now word 0.
+            int hh = G == 64 ? h : (u & 1);
+            float s0 = tc_half<ST, 64>(f.s[0], 0, hh), s1 = tc_half<ST, 64>(f.s[1], 0, hh);
             acc[0] = fmaf(s0, lo, acc[0]);
             acc[1] = fmaf(s1, hi, acc[1]);
             if (t == 0) {
                 float sxv = sx[c * 2 + h];
-                acc[0] = fmaf(fmaf(8.0f, s0, tc_half<ST, G>(f.b[0], u, h)), sxv, acc[0]);
-                acc[1] = fmaf(fmaf(8.0f, s1, tc_half<ST, G>(f.b[1], u, h)), sxv, acc[1]);
+                acc[0] = fmaf(fmaf(8.0f, s0, tc_half<ST, 64>(f.b[0], 0, hh)), sxv, acc[0]);
+                acc[1] = fmaf(fmaf(8.0f, s1, tc_half<ST, 64>(f.b[1], 0, hh)), sxv, acc[1]);
             }
+        }
+#pragma unroll
+        for (int j = 0; j + 1 < TCU; j++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+#pragma unroll
+                for (int k = 0; k < 2; k++) f.w[j][h][k] = f.w[j + 1][h][k];
+        if (G == 64 || (u & 1)) {
+#pragma unroll
+            for (int k = 0; k < 2; k++)
+#pragma unroll
+                for (int j = 0; j < 3; j++) {
+                    f.s[k][j] = f.s[k][j + 1];
+                    f.b[k][j] = f.b[k][j + 1];
+                }
         }
     }
 }
