@@ -152,20 +152,25 @@ __device__ __forceinline__ void tc_issue(const TcRow (&row)[2], int c0, TcLoads<
     }
 }
 
+// The 16-bit value in the high (hi) or low half of w, as a float.
+template <int ST>
+__device__ __forceinline__ float tc_word_half(u32 w, int hi) {
+    if (ST == 1) return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16));
+    return f16f((unsigned short)(hi ? (w >> 16) : (w & 0xffffu)));
+}
+
 // The 16-bit value of chunk u, half h from words packed as tc_issue's, as a float.
 template <int ST, int G>
 __device__ __forceinline__ float tc_half(const u32 (&v)[4], int u, int h) {
-    u32 w = G == 64 ? v[u] : v[u >> 1];
-    int hi = G == 64 ? h : (u & 1);
-    if (ST == 1) return __uint_as_float(hi ? (w & 0xffff0000u) : (w << 16));
-    return f16f((unsigned short)(hi ? (w >> 16) : (w & 0xffffu)));
+    return tc_word_half<ST>(G == 64 ? v[u] : v[u >> 1], G == 64 ? h : (u & 1));
 }
 
 // The loaded chunks against the staged fragments fr and sums sx of one vector, into acc
 // (k = 0: row g, 1: row g + 8; lanes t = 0 and 1 each hold part of the total). The chunks
 // are taken in a loop that is not unrolled (one copy of its body: a warp runs this once a
 // tile, so its instructions are fetched once, not four times over), the loaded words moved
-// down one chunk an iteration so every index stays a constant (registers).
+// down one chunk an iteration so every index stays a constant (registers). f is used up: the
+// caller issues the next loads into it.
 template <int ST, int G>
 __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, const float* sx,
                                            int c0, float (&acc)[2]) {
@@ -173,7 +178,6 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
 #pragma unroll 1
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
-        // The scales' word of this chunk (index 0 after the moves) and its half.
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -191,15 +195,15 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
             // Lane t holds columns 2t, 2t + 1: parts 1 and 2 at t = 0, part 3 at t = 1.
             float lo = t == 0 ? d[0] + d[1] : d[0];
             float hi = t == 0 ? d[2] + d[3] : d[2];
-            // tc_half of chunk u: word u (G = 64) or u / 2 (G = 128), now word 0.
+            // Chunk u's scales: word u (G = 64) or u / 2 (G = 128), word 0 after the moves.
             int hh = G == 64 ? h : (u & 1);
-            float s0 = tc_half<ST, 64>(f.s[0], 0, hh), s1 = tc_half<ST, 64>(f.s[1], 0, hh);
+            float s0 = tc_word_half<ST>(f.s[0][0], hh), s1 = tc_word_half<ST>(f.s[1][0], hh);
             acc[0] = fmaf(s0, lo, acc[0]);
             acc[1] = fmaf(s1, hi, acc[1]);
             if (t == 0) {
                 float sxv = sx[c * 2 + h];
-                acc[0] = fmaf(fmaf(8.0f, s0, tc_half<ST, 64>(f.b[0], 0, hh)), sxv, acc[0]);
-                acc[1] = fmaf(fmaf(8.0f, s1, tc_half<ST, 64>(f.b[1], 0, hh)), sxv, acc[1]);
+                acc[0] = fmaf(fmaf(8.0f, s0, tc_word_half<ST>(f.b[0][0], hh)), sxv, acc[0]);
+                acc[1] = fmaf(fmaf(8.0f, s1, tc_word_half<ST>(f.b[1][0], hh)), sxv, acc[1]);
             }
         }
 #pragma unroll
