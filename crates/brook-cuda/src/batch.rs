@@ -428,8 +428,10 @@ impl CudaModel {
         let g = &self.gpu;
         let stack = [l.router, l.shared_expert_gate, Mat::NONE, Mat::NONE];
         ops::qmv_stacked_n(g, stack, n, s.normed.ptr, s.rlog.ptr)?;
-        self.topk(n, s.rlog.ptr, e + 1, None, s.sel.ptr, s.wts.ptr)?;
-        let tab = self.experts.table_for(layer, s.sel.ptr, n * k, false)?;
+        self.topk(n, s.rlog.ptr, e + 1, None, s.sel.ptr, s.wts.ptr, None)?;
+        let tab = self
+            .experts
+            .table_for(layer, s.sel.ptr, n * k, false, None)?;
         let m = self.experts.mats[layer].clone();
         let sg = s.rlog.ptr + (e * 4) as u64;
         if !ops::moe_down_fits(&m.down, &l.shared_down, k) {
@@ -479,6 +481,7 @@ impl CudaModel {
             s.normed.ptr,
             s.h.ptr,
             s.sh.ptr,
+            None,
         )?;
         ops::moe_down(
             g,
@@ -494,6 +497,7 @@ impl CudaModel {
             s.delta.ptr,
             n,
             e + 1,
+            None,
         )
     }
 }

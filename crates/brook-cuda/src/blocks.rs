@@ -6,6 +6,7 @@ use brook_core::Result;
 use brook_core::config::ModelConfig;
 
 use crate::delta::{self, DeltaRule};
+use crate::experts::ReadyFlags;
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
 use crate::ops;
@@ -239,7 +240,7 @@ impl CudaModel {
         self.gpu.fork()?;
         let queued = (|| {
             self.linear(l.router, Mat::NONE, 1, normed, logits)?;
-            self.topk(1, logits, cfg.num_experts, None, sel, wts)?;
+            self.topk(1, logits, cfg.num_experts, None, sel, wts, None)?;
             self.experts.prefetch(layer)
         })();
         let joined = self.gpu.join_record();
@@ -250,7 +251,9 @@ impl CudaModel {
 
     /// The top-k of `rows` rows of router logits at `logits` (`stride` floats apart): expert
     /// ids to `sel`, their weights to `wts` ([rows][k] each). `given`: a replayed routing's
-    /// [rows][k] ids on the GPU, taken instead of the largest logits.
+    /// [rows][k] ids on the GPU, taken instead of the largest logits. `zero`: flags of the
+    /// gather that follows, set to 0 first ([`ReadyFlags`]).
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn topk(
         &self,
         rows: usize,
@@ -259,6 +262,7 @@ impl CudaModel {
         given: Option<u64>,
         sel: u64,
         wts: u64,
+        zero: Option<&ReadyFlags>,
     ) -> Result<()> {
         let cfg = self.cfg();
         let e = cfg.num_experts;
@@ -272,6 +276,8 @@ impl CudaModel {
             a.arg(ptr);
         }
         a.arg(sel).arg(wts);
+        a.arg(zero.map_or(0, |f| f.ptr))
+            .arg(zero.map_or(0, |f| 2 * f.n) as i32);
         let kernel = if given.is_some() {
             self.gpu.k.topk_given
         } else {
@@ -317,15 +323,24 @@ impl CudaModel {
             .as_ref()
             .filter(|g| g.on && g.tokens == t)
             .map(|g| g.dev.ptr + (layer * t * k * 4) as u64);
-        self.topk(t, rlog, e, given, sel, wts)?;
+        let m = self.experts.mats[layer].clone();
+        let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
+        // One token's mapped experts: the products run beside their gather, each waiting on
+        // flags for its own expert's bytes (both on the tensor cores, which wait on them).
+        let flags = self.experts.ready_flags(k).filter(|_| {
+            fused
+                && ops::swiglu_tc_fits(&self.gpu, m.gate, m.up, [sgate, sup])
+                && ops::down_tc_fits(&self.gpu, m.down, sdown, k)
+        });
+        self.topk(t, rlog, e, given, sel, wts, flags.as_ref())?;
         let prefetched = std::mem::take(&mut self.prefetched);
         if prefetched {
             self.gpu.join_wait()?;
         }
-        let tab = self.experts.table_for(layer, sel, t * k, prefetched)?;
-        let m = self.experts.mats[layer].clone();
+        let tab = self
+            .experts
+            .table_for(layer, sel, t * k, prefetched, flags.as_ref())?;
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
-        let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
         if t == 1 && !self.experts.fixed() {
             // Replayed routes too are read back from the GPU, as the router's would be, so a
             // replay waits as a real routing does.
@@ -355,6 +370,7 @@ impl CudaModel {
                 normed,
                 hb,
                 sh,
+                flags.map(|f| (f.ptr, f.need)),
             )?;
             return ops::moe_down(
                 &self.gpu,
@@ -370,6 +386,7 @@ impl CudaModel {
                 self.s.delta.ptr,
                 1,
                 0,
+                flags.map(|f| (f.down(), f.need)),
             );
         }
         self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;

@@ -60,6 +60,12 @@ struct Gather {
     step: DevBuf,
     /// The prefetch of a layer's guessed picks (top-k), beside its mixer.
     guess: Guess,
+    /// [2][picks] flags of a one-token gather the products wait on (routing.cu
+    /// `gather_ready`), zeroed by the top-k before it.
+    ready: DevBuf,
+    /// That gather's blocks (the count each flag reaches); 0: the products wait for the
+    /// gather's end instead (`BROOK_CUDA_GATHER_FLAGS=0`).
+    ready_blocks: usize,
 }
 
 /// Buffers of a prefetch: its input, router logits, picks, weights, slots, and the table
@@ -156,6 +162,45 @@ pub fn layouts(model: &Model) -> Result<(Vec<ExpertMats>, usize)> {
     Ok((mats, slot))
 }
 
+/// Where one gather writes: its slots, the table of where each pick is, the pick counts, and
+/// how many guesses of a prefetch it may take its picks from.
+struct Pass<'a> {
+    scratch: &'a DevBuf,
+    step: &'a DevBuf,
+    counts: u64,
+    npref: usize,
+}
+
+/// The flags of a one-token gather its products run beside (routing.cu `gather_ready`):
+/// [2][n] words at `ptr`, each counting up to `need` (the gather's blocks).
+#[derive(Debug, Clone, Copy)]
+pub struct ReadyFlags {
+    pub ptr: u64,
+    pub n: usize,
+    pub need: usize,
+}
+
+impl ReadyFlags {
+    /// The flags of the experts' down bytes (the gate and up ones come first).
+    pub fn down(&self) -> u64 {
+        self.ptr + (self.n * 4) as u64
+    }
+}
+
+/// Blocks of a one-token gather on a GPU of `sms` SMs: a few dozen keep PCIe busy (each
+/// thread has four 16-byte reads in flight), and the products beside it need the rest.
+/// `BROOK_CUDA_GATHER_BLOCKS` overrides; `BROOK_CUDA_GATHER_FLAGS=0` turns the flags off (0).
+fn gather_blocks(sms: usize) -> usize {
+    if std::env::var("BROOK_CUDA_GATHER_FLAGS").is_ok_and(|v| v == "0") {
+        return 0;
+    }
+    std::env::var("BROOK_CUDA_GATHER_BLOCKS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(sms / 2)
+        .clamp(1, 1024)
+}
+
 /// Host bytes the mapped tier takes for `nslots` GPU slots of `slot_bytes` among `total`
 /// experts.
 pub fn mapped_bytes(total: usize, nslots: usize, slot_bytes: usize) -> u64 {
@@ -240,6 +285,8 @@ impl GpuExperts {
                 scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
                 picks,
                 step: gpu.zeros(e * 8, "gathered expert table")?,
+                ready: gpu.zeros(2 * picks * 4, "gather flags")?,
+                ready_blocks: gather_blocks(gpu.sms.max(1) as usize),
                 guess: Guess {
                     normed: gpu.alloc(cfg.hidden_size * 4, "prefetch input")?,
                     logits: gpu.alloc(e * 4, "prefetch router logits")?,
@@ -331,7 +378,18 @@ impl GpuExperts {
     /// output). Where mapped, counts the picks on the GPU (the hits and misses a mapped step
     /// can't see on the host), and for a step of at most the gather's picks first copies
     /// the mapped ones into GPU memory, whose table this then is.
-    pub fn table_for(&self, layer: usize, sel: u64, n: usize, prefetched: bool) -> Result<u64> {
+    ///
+    /// With `flags` (from [`Self::ready_flags`] for these `n` picks, zeroed since their last
+    /// use) the gather counts its progress there and the products may run beside it, each
+    /// waiting for its own expert's bytes.
+    pub fn table_for(
+        &self,
+        layer: usize,
+        sel: u64,
+        n: usize,
+        prefetched: bool,
+        flags: Option<&ReadyFlags>,
+    ) -> Result<u64> {
         let tab = self.table_of(layer);
         let Some(g) = &self.gather else {
             return Ok(tab);
@@ -342,8 +400,27 @@ impl GpuExperts {
             return Ok(tab);
         }
         let npref = if prefetched { self.k } else { 0 };
-        self.gather(layer, sel, n, &g.scratch, &g.step, counts, &g.guess, npref)?;
+        let pass = Pass {
+            scratch: &g.scratch,
+            step: &g.step,
+            counts,
+            npref,
+        };
+        self.gather(layer, sel, n, &pass, &g.guess, flags)?;
         Ok(g.step.ptr)
+    }
+
+    /// The flags a one-token step of `n` picks may gather with, its products running beside
+    /// the gather (see [`Self::table_for`]); `None` where nothing is gathered (resident, or
+    /// streamed through the host a layer at a time), for more picks than the gather takes,
+    /// or with `BROOK_CUDA_GATHER_FLAGS=0`.
+    pub fn ready_flags(&self, n: usize) -> Option<ReadyFlags> {
+        let g = self.gather.as_ref()?;
+        (n <= g.picks && g.ready_blocks > 0).then(|| ReadyFlags {
+            ptr: g.ready.ptr,
+            n,
+            need: g.ready_blocks,
+        })
     }
 
     /// The prefetch's buffers, where the experts are mapped.
@@ -358,47 +435,63 @@ impl GpuExperts {
             return Ok(());
         };
         let q = &g.guess;
-        self.gather(
-            layer,
-            q.sel.ptr,
-            self.k,
-            &q.scratch,
-            &q.step,
-            q.counts.ptr + ((self.layers + layer * self.experts) * 4) as u64,
-            q,
-            0,
-        )
+        let pass = Pass {
+            scratch: &q.scratch,
+            step: &q.step,
+            counts: q.counts.ptr + ((self.layers + layer * self.experts) * 4) as u64,
+            npref: 0,
+        };
+        self.gather(layer, q.sel.ptr, self.k, &pass, q, None)
     }
 
-    /// One launch of `gather_mapped` (routing.cu) for the `n` picks at `sel`.
-    #[allow(clippy::too_many_arguments)]
+    /// One launch of `gather_mapped`, or with `flags` of `gather_ready` (routing.cu), for
+    /// the `n` picks at `sel`.
     fn gather(
         &self,
         layer: usize,
         sel: u64,
         n: usize,
-        scratch: &DevBuf,
-        step: &DevBuf,
-        counts: u64,
+        pass: &Pass<'_>,
         guess: &Guess,
-        npref: usize,
+        flags: Option<&ReadyFlags>,
     ) -> Result<()> {
-        let img = self.mats[layer].place[2].end;
+        let place = &self.mats[layer].place;
+        let img = place[2].end;
         let mut a = crate::gpu::Args::new();
         a.arg(self.table_of(layer))
             .arg(self.arena.ptr)
             .arg(self.arena.ptr + self.arena.bytes as u64)
             .arg(sel)
             .arg(n as i32)
-            .arg(scratch.ptr)
-            .arg(self.slot_bytes as i32)
-            .arg(img as i32)
-            .arg(step.ptr)
-            .arg(counts)
+            .arg(pass.scratch.ptr)
+            .arg(self.slot_bytes as i32);
+        if flags.is_some() {
+            // The gate and up bytes first: their end in 16-byte pieces, rounded up.
+            a.arg(place[1].end.next_multiple_of(16) as i32);
+        }
+        a.arg(img as i32)
+            .arg(pass.step.ptr)
+            .arg(pass.counts)
             .arg(guess.sel.ptr)
             .arg(guess.scratch.ptr)
-            .arg(npref as i32)
+            .arg(pass.npref as i32)
             .arg(guess.counts.ptr + (layer * 4) as u64);
+        if let Some(f) = flags {
+            if f.n != n {
+                return Err(Error::Invalid(format!(
+                    "gather flags for {} picks used for {n}",
+                    f.n
+                )));
+            }
+            a.arg(f.ptr);
+            return self.gpu.launch(
+                self.gpu.k.gather_ready,
+                (f.need as u32, 1, 1),
+                256,
+                0,
+                &mut a,
+            );
+        }
         // About 4,096 16-byte pieces a block (27 blocks an expert of the 35B): a few dozen
         // blocks keep PCIe at its full rate (50 GB/s on the H200 host).
         let parts = (img / 16).div_ceil(4096).clamp(1, 64) as u32;

@@ -135,6 +135,7 @@ pub fn qmv(
             x,
             y,
             0,
+            None,
         );
     }
     stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y)
@@ -254,6 +255,7 @@ pub fn qmv_experts(
     x: u64,
     y: u64,
     ys: u64,
+    ready: Option<(u64, usize)>,
 ) -> Result<()> {
     let srows = (shared[0].rows + shared[1].rows) as usize;
     let rows = ((m1.rows + m2.rows) as usize).max(srows);
@@ -270,8 +272,8 @@ pub fn qmv_experts(
     // The three kernels' arguments start alike: the matrices, the slot table, the picks.
     let mut a = Args::new();
     a.arg(m1).arg(m2).arg(tab).arg(sel).arg(nsel as i32);
-    let tc_bytes = tc_smem(m1.cols as usize, 1) + tc_part_bytes(4);
-    if swiglu && tc_all(g, &[m1, m2, shared[0], shared[1]], 8) && tc_bytes <= g.max_smem as usize {
+    if swiglu && swiglu_tc_fits(g, m1, m2, shared) {
+        let tc_bytes = swiglu_tc_smem(m1);
         // Tiles of 8 gate and 8 up rows, four warps a block, up to four blocks per SM.
         // The split of one token's launch (each row's sums in its order); the blocks along
         // x shared by every token's vectors, so a block takes more tiles per staged input.
@@ -282,6 +284,7 @@ pub fn qmv_experts(
             .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;
         a.arg(per).arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
+        ready_args(&mut a, ready, tokens)?;
         let grid = (bx, ny, 1);
         return g.launch(g.k.swiglu_tc, grid, 128, tc_bytes as u32, &mut a);
     }
@@ -306,6 +309,40 @@ pub fn qmv_experts(
         .arg(y)
         .arg(ys);
     g.launch(kernel, (bx, ny, 1), 256, smem, &mut a)
+}
+
+/// Whether [`qmv_experts`] runs gate `m1` and up `m2` with the shared expert's on the
+/// tensor cores (swiglu_tc).
+pub fn swiglu_tc_fits(g: &Gpu, m1: Mat, m2: Mat, shared: [Mat; 2]) -> bool {
+    tc_all(g, &[m1, m2, shared[0], shared[1]], 8) && swiglu_tc_smem(m1) <= g.max_smem as usize
+}
+
+fn swiglu_tc_smem(m1: Mat) -> usize {
+    tc_smem(m1.cols as usize, 1) + tc_part_bytes(4)
+}
+
+/// Whether [`moe_down`] runs on the tensor cores (down_tc) for `k` experts.
+pub fn down_tc_fits(g: &Gpu, down: Mat, sdown: Mat, k: usize) -> bool {
+    tc_all(g, &[down, sdown], 16)
+        && down.rows == sdown.rows
+        && down_tc_smem(down, sdown, k) <= g.max_smem as usize
+}
+
+fn down_tc_smem(down: Mat, sdown: Mat, k: usize) -> usize {
+    tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + down_tc_warps(k) * 16 * 4
+}
+
+/// The tensor-core expert kernels' last two arguments: the flags of a gather running beside
+/// them (one token only) and the count each reaches, or none.
+fn ready_args(a: &mut Args, ready: Option<(u64, usize)>, tokens: usize) -> Result<()> {
+    if ready.is_some() && tokens > 1 {
+        return Err(Error::Invalid(
+            "a gather's flags serve one token's products".into(),
+        ));
+    }
+    let (ptr, need) = ready.unwrap_or((0, 0));
+    a.arg(ptr).arg(need as i32);
+    Ok(())
 }
 
 /// Whether [`moe_down`] takes these down projections for `k` experts: 4- or 8-bit codes in
@@ -345,6 +382,7 @@ pub fn moe_down(
     out: u64,
     tokens: usize,
     sg_stride: usize,
+    ready: Option<(u64, usize)>,
 ) -> Result<()> {
     let ny = tokens.max(1) as u32;
     let mut a = Args::new();
@@ -356,9 +394,9 @@ pub fn moe_down(
         .arg(hs)
         .arg(out);
     let warps = down_tc_warps(k);
-    let tc_bytes =
-        tc_smem(down.cols as usize, k) + tc_smem(sdown.cols as usize, 1) + warps * 16 * 4;
-    if tc_all(g, &[down, sdown], 16) && down.rows == sdown.rows && tc_bytes <= g.max_smem as usize {
+    if down_tc_fits(g, down, sdown, k) {
+        let tc_bytes = down_tc_smem(down, sdown, k);
+        ready_args(&mut a, ready, tokens)?;
         // A block a tile for one token; with many tokens about four blocks per SM in all,
         // each taking several tiles for one staging of its token's inputs.
         let tiles = down.rows as usize / 16;
@@ -371,6 +409,11 @@ pub fn moe_down(
             tc_bytes as u32,
             &mut a,
         );
+    }
+    if ready.is_some() {
+        return Err(Error::Invalid(
+            "the CUDA cores' down kernel can't wait on a gather's flags".into(),
+        ));
     }
     let smem = padded_bytes(k * down.cols as usize + sdown.cols as usize) as u32;
     g.launch(

@@ -29,11 +29,52 @@ typedef unsigned long long u64;
         asm volatile("griddepcontrol.wait;" ::: "memory");        \
         asm volatile("griddepcontrol.launch_dependents;" :::);    \
     } while (0)
+// The trigger alone, for a kernel that waits on flags instead (`wait_ready`).
+#define PDL_TRIGGER() asm volatile("griddepcontrol.launch_dependents;" :::)
 #else
 #define PDL_SYNC() \
     do {           \
     } while (0)
+#define PDL_TRIGGER() \
+    do {              \
+    } while (0)
 #endif
+
+// Flags a kernel counts up while a later one runs beside it (the mapped experts' gather and
+// the products that read what it copied, routing.cu `gather_ready`): the producer's threads
+// fence their writes, meet at a barrier, and one adds 1; a consumer waits until the count
+// reaches `need`, with acquire semantics, and reads the data through L2 (`__ldcg`), never a
+// line the SM's L1 may hold from before. Thread 0 of the block waits, the rest at the
+// barrier.
+__device__ __forceinline__ u32 ld_acquire(const u32* p) {
+    u32 v;
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 700)
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = *(const volatile u32*)p;
+    __threadfence();
+#endif
+    return v;
+}
+
+__device__ __forceinline__ void spin_ready(const u32* f, u32 need) {
+    while (ld_acquire(f) < need) {
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 700)
+        __nanosleep(64);
+#endif
+    }
+}
+
+__device__ __forceinline__ void wait_ready(const u32* f, u32 need) {
+    if (threadIdx.x == 0) spin_ready(f, need);
+    __syncthreads();
+}
+
+// One warp's wait (lane 0 spins).
+__device__ __forceinline__ void wait_ready_warp(const u32* f, u32 need) {
+    if ((threadIdx.x & 31) == 0) spin_ready(f, need);
+    __syncwarp();
+}
 
 struct Mat {
     u64 w, s, b;        // weight words or floats; scales; biases

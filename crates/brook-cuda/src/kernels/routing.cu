@@ -87,10 +87,19 @@ __device__ __forceinline__ void topk_regs(const float* __restrict__ l, int t, in
     topk_write(t, K, norm, my_id, my_w, sel, wts);
 }
 
+// The nzero words at `zero` set to 0 once the kernel before has finished: the flags of the
+// gather that follows (`gather_ready`), whose last readers finished before that kernel.
+__device__ __forceinline__ void zero_flags(u32* zero, int nzero) {
+    if (blockIdx.x == 0)
+        for (int i = threadIdx.x; i < nzero; i += blockDim.x) zero[i] = 0u;
+}
+
 // Token t's logits start at t·ls.
 extern "C" __global__ void topk(const float* __restrict__ logits, int E, int ls, int K, int norm,
-                                int* __restrict__ sel, float* __restrict__ wts) {
+                                int* __restrict__ sel, float* __restrict__ wts, u32* zero,
+                                int nzero) {
     PDL_SYNC();
+    zero_flags(zero, nzero);
     extern __shared__ float p[];   // [E], for E > 512
     int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)t * ls;
@@ -138,8 +147,10 @@ extern "C" __global__ void topk(const float* __restrict__ logits, int E, int ls,
 // top-k is. One warp per token.
 extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, int ls, int K,
                                       int norm, const int* __restrict__ given,
-                                      int* __restrict__ sel, float* __restrict__ wts) {
+                                      int* __restrict__ sel, float* __restrict__ wts, u32* zero,
+                                      int nzero) {
     PDL_SYNC();
+    zero_flags(zero, nzero);
     int t = blockIdx.x, lane = threadIdx.x;
     const float* l = logits + (long long)t * ls;
     float mx = -INFINITY;
@@ -200,6 +211,71 @@ extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, 
         d[i + 3 * stride] = w;
     }
     for (; i < m; i += stride) d[i] = s[i];
+}
+
+// gather_mapped for a one-token step whose products run beside it (`ready` flags, 2·n
+// words zeroed by the top-k before): grid (P). Every block takes a share of each copied
+// pick's gate and up bytes ([0, split)), pick by pick, then of each one's down bytes
+// ([split, img)), and after each share (even an empty one: a pick on the GPU, prefetched, or
+// an expert an earlier pick copies) counts 1 into ready[j] (gate/up) or ready[n + j] (down),
+// so pick j's first part is in place once ready[j] = P. Block 0 writes step[e] (and counts
+// and pref_hits as gather_mapped does) before its first count. The products wait on these
+// flags instead of on this kernel's end (swiglu_tc, down_tc): this kernel's trigger comes
+// when every block has started, so a waiting product never holds a block it needs.
+extern "C" __global__ void gather_ready(const u64* __restrict__ table, u64 lo, u64 hi,
+                                        const int* __restrict__ sel, int n, u64 scratch,
+                                        int slot_bytes, int split, int img_bytes,
+                                        u64* __restrict__ step, int* __restrict__ counts,
+                                        const int* __restrict__ pref, u64 pref_scratch, int npref,
+                                        int* __restrict__ pref_hits, u32* __restrict__ ready) {
+    PDL_SYNC();
+    bool lead = blockIdx.x == 0 && threadIdx.x == 0;
+    int stride = gridDim.x * blockDim.x;
+    for (int r = 0; r < 2; r++) {
+        for (int j = 0; j < n; j++) {
+            int e = sel[j];
+            u64 src = table[e];
+            bool copy = !(src >= lo && src < hi);
+            if (copy)
+                for (int i = 0; i < j; i++)
+                    if (sel[i] == e) copy = false;
+            int pi = -1;
+            if (copy)
+                for (int i = 0; i < npref && pi < 0; i++)
+                    if (pref[i] == e) pi = i;
+            if (pi >= 0) copy = false;
+            u64 dst = scratch + (u64)j * slot_bytes;
+            if (r == 0 && lead) {
+                atomicAdd(&counts[e], 1);
+                bool first = true;
+                for (int i = 0; i < j; i++)
+                    if (sel[i] == e) first = false;
+                if (pi >= 0) {
+                    step[e] = pref_scratch + (u64)pi * slot_bytes;
+                    atomicAdd(pref_hits, 1);
+                } else if (first) {
+                    step[e] = copy ? dst : src;
+                }
+            }
+            if (copy) {
+                int b0 = r == 0 ? 0 : split / 16, b1 = r == 0 ? split / 16 : (img_bytes + 15) / 16;
+                const uint4* __restrict__ s = (const uint4*)src;
+                uint4* __restrict__ d = (uint4*)dst;
+                int i = b0 + blockIdx.x * blockDim.x + threadIdx.x;
+                for (; i + 3 * stride < b1; i += 4 * stride) {
+                    uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
+                    d[i] = a;
+                    d[i + stride] = b;
+                    d[i + 2 * stride] = c;
+                    d[i + 3 * stride] = w;
+                }
+                for (; i < b1; i += stride) d[i] = s[i];
+            }
+            __threadfence();
+            __syncthreads();
+            if (threadIdx.x == 0) atomicAdd(&ready[r * n + j], 1u);
+        }
+    }
 }
 
 // Grouping of (token, k) pairs by expert for the grouped prefill kernels.

@@ -75,12 +75,12 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
         const float* xp = x + v * xstride + c * 128 + word * 8;
         float e[8];
         if ((((u64)xp) & 15) == 0) {
-            float4 a = *(const float4*)xp, b = *(const float4*)(xp + 4);
+            float4 a = __ldcg((const float4*)xp), b = __ldcg((const float4*)(xp + 4));
             e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w;
             e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
         } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++) e[j] = xp[j];
+            for (int j = 0; j < 8; j++) e[j] = __ldcg(xp + j);
         }
         u32 p[3][8];
 #pragma unroll
@@ -95,7 +95,7 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
     for (int s = threadIdx.x >> 5; s < n * per64; s += nw) {
         int v = s / per64, i = s - v * per64;
         const float* xp = x + v * xstride + i * 64;
-        float a = xp[lane] + xp[lane + 32];
+        float a = __ldcg(xp + lane) + __ldcg(xp + lane + 32);
         sx[s] = warp_sum(a);
     }
 }
@@ -120,7 +120,9 @@ __device__ __forceinline__ TcRow tc_row(const Mat& m, u64 base, long long r) {
 // scales and biases of the chunks' groups (every lane loads them: tensor_n.cu's lanes
 // t = 2, 3 use them as t = 0, 1 do; the same words for the whole quad), 16-bit
 // values two to a word: with G = 64 word u holds chunk u's two halves, with G = 128 word
-// u / 2 holds chunks u and u + 1 (one load of 16 or 8 bytes per row each).
+// u / 2 holds chunks u and u + 1 (one load of 16 or 8 bytes per row each). The weights
+// and the activations are read through L2 (`__ldcg`): they are streamed once, and an
+// expert's bytes may land while the kernel runs (common.cu `wait_ready`).
 template <int ST, int G>
 struct TcLoads {
     uint2 w[TCU][2][2];
@@ -137,15 +139,15 @@ __device__ __forceinline__ void tc_issue(const TcRow (&row)[2], int c0, TcLoads<
         for (int u = 0; u < TCU; u++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                f.w[u][h][k] = __ldg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
+                f.w[u][h][k] = __ldcg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
         if (G == 64) {
-            uint4 sv = __ldg((const uint4*)(r.s + c0 * 4));
-            uint4 bv = __ldg((const uint4*)(r.b + c0 * 4));
+            uint4 sv = __ldcg((const uint4*)(r.s + c0 * 4));
+            uint4 bv = __ldcg((const uint4*)(r.b + c0 * 4));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = sv.z; f.s[k][3] = sv.w;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = bv.z; f.b[k][3] = bv.w;
         } else {
-            uint2 sv = __ldg((const uint2*)(r.s + c0 * 2));
-            uint2 bv = __ldg((const uint2*)(r.b + c0 * 2));
+            uint2 sv = __ldcg((const uint2*)(r.s + c0 * 2));
+            uint2 bv = __ldcg((const uint2*)(r.b + c0 * 2));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = 0u; f.s[k][3] = 0u;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = 0u; f.b[k][3] = 0u;
         }
@@ -355,7 +357,8 @@ __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const M
 // factors of its h[j]. Rows a multiple of 8; dynamic shared memory as qmv_tc's.
 template <int ST, int G>
 __device__ __forceinline__ void swiglu_tc_rows(const Mat& Gt, const Mat& Up, u64 base,
-                                               int split, bool pre, const float* __restrict__ x,
+                                               int split, bool pre, bool flags,
+                                               const float* __restrict__ x,
                                                float* __restrict__ h, uint4* tcs) {
     int K = Gt.cols, nch = K >> 7, tiles = Gt.rows >> 3;
     uint4* fr = tcs;
@@ -370,8 +373,15 @@ __device__ __forceinline__ void swiglu_tc_rows(const Mat& Gt, const Mat& Up, u64
     // The first loads go out before the activations are staged; the shared expert's
     // (`pre`) even before the wait, which this call then makes, as its weights depend on
     // no earlier kernel (a routed expert's slot is known only after the caller's wait).
+    // With `flags` (the gather beside it) it does not wait: its input was written before the
+    // gather started, and the gather's end is not awaited.
     bool issued = tc_first<ST, G>(tiles, split, nch, f, rows_of);
-    if (pre) PDL_SYNC();
+    if (pre) {
+        if (flags)
+            PDL_TRIGGER();
+        else
+            PDL_SYNC();
+    }
     tc_stage(x, 0, 1, K, fr, sx);
     __syncthreads();
     tc_tiles<ST, G>(tiles, split, nch, fr, sx, part, f, issued, rows_of,
@@ -382,7 +392,8 @@ template <int ST, int G>
 __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restrict__ tab,
                                const int* __restrict__ sel, int nsel, int per, const Mat& sg,
                                const Mat& su, int split, const float* __restrict__ x,
-                               float* __restrict__ y, float* __restrict__ ys, uint4* tcs) {
+                               float* __restrict__ y, float* __restrict__ ys,
+                               const u32* __restrict__ ready, int need, uint4* tcs) {
     // `per` vectors a token (its nsel routed experts, then the shared one where present):
     // token tok's selection, input and outputs follow the previous token's.
     int tok = blockIdx.y / per, v = blockIdx.y - tok * per;
@@ -390,13 +401,24 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
     x += (long long)tok * gm.cols;
     y += (long long)tok * nsel * gm.rows;
     ys += (long long)tok * sg.rows;
+    bool flags = ready != nullptr;
     if (v < nsel) {
-        PDL_SYNC();
-        u64 base = tab[sel[v]];
+        u64 base;
+        if (flags) {
+            // One token beside gather_ready: its gate and up bytes are in place once
+            // ready[v] counts `need`.
+            PDL_TRIGGER();
+            wait_ready(ready + v, (u32)need);
+            base = __ldcg(tab + __ldcg(sel + v));
+        } else {
+            PDL_SYNC();
+            base = tab[sel[v]];
+        }
         if (base == 0) return;
-        swiglu_tc_rows<ST, G>(gm, um, base, split, false, x, y + (long long)v * gm.rows, tcs);
+        swiglu_tc_rows<ST, G>(gm, um, base, split, false, flags, x,
+                              y + (long long)v * gm.rows, tcs);
     } else {
-        swiglu_tc_rows<ST, G>(sg, su, 0, split, true, x, ys, tcs);
+        swiglu_tc_rows<ST, G>(sg, su, 0, split, true, flags, x, ys, tcs);
     }
 }
 
@@ -423,7 +445,8 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
                              const int* __restrict__ sel, const float* __restrict__ wts, int K,
                              const Mat& sdown, const float* __restrict__ sg, int sgs,
                              const float* __restrict__ h, const float* __restrict__ hsh,
-                             float* __restrict__ out, uint4* tcs) {
+                             float* __restrict__ out, const u32* __restrict__ ready, int need,
+                             uint4* tcs) {
     int I = down.cols, IS = sdown.cols, nch = I >> 7, snch = IS >> 7;
     // Token blockIdx.y: its selection, weights, gate (sgs floats apart), inputs and output
     // follow the previous token's.
@@ -449,20 +472,33 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
         tc_issue_tile<ST, G>(sdown, 0, r0, g, row, f);
     }
     PDL_SYNC();
-    // A routed first vector's slot is known now: its loads go out before the staging.
-    u64 first = warp < K ? tab[sel[warp]] : 0;
-    if (first != 0) {
-        tc_issue_tile<ST, G>(down, first, r0, g, row, f);
+    // A routed first vector's slot is known now: its loads go out before the staging. With
+    // `ready` (one token beside gather_ready), a routed vector e's down bytes are in place
+    // once ready[e] counts `need`: its warp waits after the staging, so the others go on.
+    u64 first = 0;
+    if (!ready && warp < K) {
+        first = tab[sel[warp]];
+        if (first != 0) tc_issue_tile<ST, G>(down, first, r0, g, row, f);
     }
     tc_stage(h, I, K, I, fr, sx);
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
     __syncthreads();
+    if (ready && warp < K) {
+        wait_ready_warp(ready + warp, (u32)need);
+        first = __ldcg(tab + __ldcg(sel + warp));
+        if (first != 0) tc_issue_tile<ST, G>(down, first, r0, g, row, f);
+    }
     for (bool issued = true; r0 < down.rows; r0 += gridDim.x * 16) {
         float acc[2] = {0.0f, 0.0f};
         for (int e = warp; e <= K; e += nw) {
             // Routed vector e < K (its slot; none: no output) or the shared one (e = K).
             bool routed = e < K;
-            u64 base = !routed ? 0 : e == warp ? first : tab[sel[e]];
+            if (ready && routed && e != warp) wait_ready_warp(ready + e, (u32)need);
+            u64 base = 0;
+            if (routed && e == warp)
+                base = first;
+            else if (routed)
+                base = ready ? __ldcg(tab + __ldcg(sel + e)) : tab[sel[e]];
             if (routed && base == 0) continue;
             if (!(issued && e == warp)) {   // else its loads are out already
                 tc_issue_tile<ST, G>(routed ? down : sdown, base, r0, g, row, f);
@@ -472,7 +508,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
                 tc_rows<ST, G>(row, 0, nch, f, fr + e * nch * TC_CHUNK_U4, sx + e * (I >> 6), o);
             else
                 tc_rows<ST, G>(row, 0, snch, f, sfr, ssx, o);
-            float w = routed ? wts[e] : sigmoidf_(sg[0]);
+            float w = routed ? __ldcg(wts + e) : sigmoidf_(__ldcg(sg));
             acc[0] = fmaf(w, o[0], acc[0]);
             acc[1] = fmaf(w, o[1], acc[1]);
         }
@@ -526,8 +562,10 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 extern "C" __global__ void __launch_bounds__(128, 4)
     swiglu_tc(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel,
               int nsel, int per, Mat sg, Mat su, int split, const float* __restrict__ x,
-              float* __restrict__ y, float* __restrict__ ys) {
-#define SWIGLU_TC(ST, G) swiglu_tc_body<ST, G>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, tcs)
+              float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,
+              int need) {
+#define SWIGLU_TC(ST, G) \
+    swiglu_tc_body<ST, G>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, need, tcs)
     TC_DISPATCH(gm, SWIGLU_TC);
 }
 
@@ -535,7 +573,8 @@ extern "C" __global__ void __launch_bounds__(384)
     down_tc(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,
             const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,
             int sgs, const float* __restrict__ h, const float* __restrict__ hsh,
-            float* __restrict__ out) {
-#define DOWN_TC(ST, G) down_tc_body<ST, G>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, tcs)
+            float* __restrict__ out, const u32* __restrict__ ready, int need) {
+#define DOWN_TC(ST, G) \
+    down_tc_body<ST, G>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
     TC_DISPATCH(down, DOWN_TC);
 }

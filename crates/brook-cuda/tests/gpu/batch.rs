@@ -225,6 +225,31 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         let got = run(&mut fw, true);
         assert_same_bits(&single, &got, &format!("{name} with mapped experts"));
         assert!(fw.gpu_stats().expect("gpu stats").batched_steps >= 5);
+        // One sequence at a time, mapped: each one-token step's products run beside their
+        // gather and wait on its flags (routing.cu `gather_ready`, at tensor-core shapes),
+        // graphs on and off.
+        for graphs in [true, false] {
+            let mut mapped = CudaModel::new(
+                model.clone(),
+                CudaOptions {
+                    max_chunk: CHUNK,
+                    context: 64,
+                    max_seqs: 1,
+                    expert_slots: Some(total / 2),
+                    host_budget: Some(64 << 30),
+                    ..Default::default()
+                },
+            )
+            .expect("mapped");
+            mapped.graphs = graphs;
+            let mut fw = Forward::new(mapped);
+            let got = run(&mut fw, false);
+            assert_same_bits(
+                &single,
+                &got,
+                &format!("{name} with mapped experts, one sequence, graphs {graphs}"),
+            );
+        }
     }
 }
 

@@ -103,10 +103,12 @@ impl MoeCase {
         let shared = [self.sm[0], self.sm[1]];
         ops::qmv_experts(
             g, pg.mat, pu.mat, tab, sel, k, k as i32, shared, true, tokens, x, hd.ptr, hsd.ptr,
+            None,
         )
         .expect("gate/up");
         ops::moe_down(
             g, pd.mat, tab, sel, wts, k, self.sm[2], sg, hd.ptr, hsd.ptr, out.ptr, tokens, sgs,
+            None,
         )
         .expect("down");
         out.read().expect("read")
@@ -184,6 +186,7 @@ fn one_token_moe_kernels_match_the_reference() {
             xd.ptr,
             gu.ptr,
             sgu.ptr,
+            None,
         )
         .expect("gate/up");
         let mut want_gu = Vec::new();
