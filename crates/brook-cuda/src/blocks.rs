@@ -277,7 +277,7 @@ impl CudaModel {
         }
         a.arg(sel).arg(wts);
         a.arg(zero.map_or(0, |f| f.ptr))
-            .arg(zero.map_or(0, |f| 2 * f.n) as i32);
+            .arg(zero.map_or(0, |_| ReadyFlags::WORDS) as i32);
         let kernel = if given.is_some() {
             self.gpu.k.topk_given
         } else {

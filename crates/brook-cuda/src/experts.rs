@@ -60,7 +60,7 @@ struct Gather {
     step: DevBuf,
     /// The prefetch of a layer's guessed picks (top-k), beside its mixer.
     guess: Guess,
-    /// [2][picks] flags of a one-token gather the products wait on (routing.cu
+    /// The two flags of a one-token gather the products wait on (routing.cu
     /// `gather_ready`), zeroed by the top-k before it.
     ready: DevBuf,
     /// That gather's blocks (the count each flag reaches); 0: the products wait for the
@@ -171,19 +171,22 @@ struct Pass<'a> {
     npref: usize,
 }
 
-/// The flags of a one-token gather its products run beside (routing.cu `gather_ready`):
-/// [2][n] words at `ptr`, each counting up to `need` (the gather's blocks).
+/// The flags of a one-token gather its products run beside (routing.cu `gather_ready`): two
+/// words at `ptr` (the copied experts' gate and up bytes, then their down bytes), each
+/// counting up to `need` (the gather's blocks).
 #[derive(Debug, Clone, Copy)]
 pub struct ReadyFlags {
     pub ptr: u64,
-    pub n: usize,
     pub need: usize,
 }
 
 impl ReadyFlags {
-    /// The flags of the experts' down bytes (the gate and up ones come first).
+    /// Words the top-k before the gather zeroes.
+    pub const WORDS: usize = 2;
+
+    /// The flag of the down bytes.
     pub fn down(&self) -> u64 {
-        self.ptr + (self.n * 4) as u64
+        self.ptr + 4
     }
 }
 
@@ -285,7 +288,7 @@ impl GpuExperts {
                 scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
                 picks,
                 step: gpu.zeros(e * 8, "gathered expert table")?,
-                ready: gpu.zeros(2 * picks * 4, "gather flags")?,
+                ready: gpu.zeros(2 * 4, "gather flags")?,
                 ready_blocks: gather_blocks(gpu.sms.max(1) as usize),
                 guess: Guess {
                     normed: gpu.alloc(cfg.hidden_size * 4, "prefetch input")?,
@@ -418,7 +421,6 @@ impl GpuExperts {
         let g = self.gather.as_ref()?;
         (n <= g.picks && g.ready_blocks > 0).then(|| ReadyFlags {
             ptr: g.ready.ptr,
-            n,
             need: g.ready_blocks,
         })
     }
@@ -477,12 +479,6 @@ impl GpuExperts {
             .arg(pass.npref as i32)
             .arg(guess.counts.ptr + (layer * 4) as u64);
         if let Some(f) = flags {
-            if f.n != n {
-                return Err(Error::Invalid(format!(
-                    "gather flags for {} picks used for {n}",
-                    f.n
-                )));
-            }
             a.arg(f.ptr);
             return self.gpu.launch(
                 self.gpu.k.gather_ready,

@@ -43,9 +43,10 @@ typedef unsigned long long u64;
 // Flags a kernel counts up while a later one runs beside it (the mapped experts' gather and
 // the products that read what it copied, routing.cu `gather_ready`): the producer's threads
 // fence their writes, meet at a barrier, and one adds 1; a consumer waits until the count
-// reaches `need`, with acquire semantics, and reads the data through L2 (`__ldcg`), never a
-// line the SM's L1 may hold from before. Thread 0 of the block waits, the rest at the
-// barrier.
+// reaches `need`, with acquire semantics, before it reads what was copied (through its SM's
+// L1, which holds no line of those slots: it is invalidated when a kernel starts, and no
+// block reads a slot before its flag) or the table the producer wrote (through L2,
+// `__ldcg`). Thread 0 of the block waits, the rest at the barrier.
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
     u32 v;
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 700)

@@ -213,15 +213,15 @@ extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, 
     for (; i < m; i += stride) d[i] = s[i];
 }
 
-// gather_mapped for a one-token step whose products run beside it (`ready` flags, 2·n
-// words zeroed by the top-k before): grid (P). Every block takes a share of each copied
-// pick's gate and up bytes ([0, split)), pick by pick, then of each one's down bytes
-// ([split, img)), and after each share (even an empty one: a pick on the GPU, prefetched, or
-// an expert an earlier pick copies) counts 1 into ready[j] (gate/up) or ready[n + j] (down),
-// so pick j's first part is in place once ready[j] = P. Block 0 writes step[e] (and counts
-// and pref_hits as gather_mapped does) before its first count. The products wait on these
-// flags instead of on this kernel's end (swiglu_tc, down_tc): this kernel's trigger comes
-// when every block has started, so a waiting product never holds a block it needs.
+// gather_mapped for a one-token step whose products run beside it (`ready`: two words the
+// top-k zeroed): grid (P). The blocks copy every copied pick's gate and up bytes ([0, split))
+// first, then their down bytes ([split, img)), each block a share of each pick with no
+// barrier between picks (so the link never idles), and after each of the two phases every
+// block counts 1 into ready[phase]. Block 0 writes step[e] (and counts and pref_hits as
+// gather_mapped does) before its first count, so a product may read the table once ready[0]
+// = P. The products wait on these counts instead of on this kernel's end (swiglu_tc,
+// down_tc); this kernel's trigger comes when every block has started, so a waiting product
+// never holds a place a block of this kernel needs.
 extern "C" __global__ void gather_ready(const u64* __restrict__ table, u64 lo, u64 hi,
                                         const int* __restrict__ sel, int n, u64 scratch,
                                         int slot_bytes, int split, int img_bytes,
@@ -229,52 +229,55 @@ extern "C" __global__ void gather_ready(const u64* __restrict__ table, u64 lo, u
                                         const int* __restrict__ pref, u64 pref_scratch, int npref,
                                         int* __restrict__ pref_hits, u32* __restrict__ ready) {
     PDL_SYNC();
-    bool lead = blockIdx.x == 0 && threadIdx.x == 0;
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        for (int j = 0; j < n; j++) {
+            int e = sel[j];
+            atomicAdd(&counts[e], 1);
+            bool first = true;
+            for (int i = 0; i < j; i++)
+                if (sel[i] == e) first = false;
+            if (!first) continue;
+            u64 src = table[e];
+            int pi = -1;
+            if (!(src >= lo && src < hi))
+                for (int i = 0; i < npref && pi < 0; i++)
+                    if (pref[i] == e) pi = i;
+            if (pi >= 0) {
+                step[e] = pref_scratch + (u64)pi * slot_bytes;
+                atomicAdd(pref_hits, 1);
+            } else {
+                step[e] = src >= lo && src < hi ? src : scratch + (u64)j * slot_bytes;
+            }
+        }
+    }
     int stride = gridDim.x * blockDim.x;
     for (int r = 0; r < 2; r++) {
+        int b0 = r == 0 ? 0 : split / 16, b1 = r == 0 ? split / 16 : (img_bytes + 15) / 16;
         for (int j = 0; j < n; j++) {
             int e = sel[j];
             u64 src = table[e];
-            bool copy = !(src >= lo && src < hi);
-            if (copy)
-                for (int i = 0; i < j; i++)
-                    if (sel[i] == e) copy = false;
-            int pi = -1;
-            if (copy)
-                for (int i = 0; i < npref && pi < 0; i++)
-                    if (pref[i] == e) pi = i;
-            if (pi >= 0) copy = false;
-            u64 dst = scratch + (u64)j * slot_bytes;
-            if (r == 0 && lead) {
-                atomicAdd(&counts[e], 1);
-                bool first = true;
-                for (int i = 0; i < j; i++)
-                    if (sel[i] == e) first = false;
-                if (pi >= 0) {
-                    step[e] = pref_scratch + (u64)pi * slot_bytes;
-                    atomicAdd(pref_hits, 1);
-                } else if (first) {
-                    step[e] = copy ? dst : src;
-                }
+            if (src >= lo && src < hi) continue;
+            bool copy = true;
+            for (int i = 0; i < j; i++)
+                if (sel[i] == e) copy = false;
+            for (int i = 0; i < npref && copy; i++)
+                if (pref[i] == e) copy = false;
+            if (!copy) continue;
+            const uint4* __restrict__ s = (const uint4*)src;
+            uint4* __restrict__ d = (uint4*)(scratch + (u64)j * slot_bytes);
+            int i = b0 + blockIdx.x * blockDim.x + threadIdx.x;
+            for (; i + 3 * stride < b1; i += 4 * stride) {
+                uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
+                d[i] = a;
+                d[i + stride] = b;
+                d[i + 2 * stride] = c;
+                d[i + 3 * stride] = w;
             }
-            if (copy) {
-                int b0 = r == 0 ? 0 : split / 16, b1 = r == 0 ? split / 16 : (img_bytes + 15) / 16;
-                const uint4* __restrict__ s = (const uint4*)src;
-                uint4* __restrict__ d = (uint4*)dst;
-                int i = b0 + blockIdx.x * blockDim.x + threadIdx.x;
-                for (; i + 3 * stride < b1; i += 4 * stride) {
-                    uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
-                    d[i] = a;
-                    d[i + stride] = b;
-                    d[i + 2 * stride] = c;
-                    d[i + 3 * stride] = w;
-                }
-                for (; i < b1; i += stride) d[i] = s[i];
-            }
-            __threadfence();
-            __syncthreads();
-            if (threadIdx.x == 0) atomicAdd(&ready[r * n + j], 1u);
+            for (; i < b1; i += stride) d[i] = s[i];
         }
+        __threadfence();
+        __syncthreads();
+        if (threadIdx.x == 0) atomicAdd(&ready[r], 1u);
     }
 }
 

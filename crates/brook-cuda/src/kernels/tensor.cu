@@ -75,12 +75,12 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
         const float* xp = x + v * xstride + c * 128 + word * 8;
         float e[8];
         if ((((u64)xp) & 15) == 0) {
-            float4 a = __ldcg((const float4*)xp), b = __ldcg((const float4*)(xp + 4));
+            float4 a = *(const float4*)xp, b = *(const float4*)(xp + 4);
             e[0] = a.x; e[1] = a.y; e[2] = a.z; e[3] = a.w;
             e[4] = b.x; e[5] = b.y; e[6] = b.z; e[7] = b.w;
         } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++) e[j] = __ldcg(xp + j);
+            for (int j = 0; j < 8; j++) e[j] = xp[j];
         }
         u32 p[3][8];
 #pragma unroll
@@ -95,7 +95,7 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
     for (int s = threadIdx.x >> 5; s < n * per64; s += nw) {
         int v = s / per64, i = s - v * per64;
         const float* xp = x + v * xstride + i * 64;
-        float a = __ldcg(xp + lane) + __ldcg(xp + lane + 32);
+        float a = xp[lane] + xp[lane + 32];
         sx[s] = warp_sum(a);
     }
 }
@@ -120,9 +120,7 @@ __device__ __forceinline__ TcRow tc_row(const Mat& m, u64 base, long long r) {
 // scales and biases of the chunks' groups (every lane loads them: tensor_n.cu's lanes
 // t = 2, 3 use them as t = 0, 1 do; the same words for the whole quad), 16-bit
 // values two to a word: with G = 64 word u holds chunk u's two halves, with G = 128 word
-// u / 2 holds chunks u and u + 1 (one load of 16 or 8 bytes per row each). The weights
-// and the activations are read through L2 (`__ldcg`): they are streamed once, and an
-// expert's bytes may land while the kernel runs (common.cu `wait_ready`).
+// u / 2 holds chunks u and u + 1 (one load of 16 or 8 bytes per row each).
 template <int ST, int G>
 struct TcLoads {
     uint2 w[TCU][2][2];
@@ -139,15 +137,15 @@ __device__ __forceinline__ void tc_issue(const TcRow (&row)[2], int c0, TcLoads<
         for (int u = 0; u < TCU; u++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                f.w[u][h][k] = __ldcg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
+                f.w[u][h][k] = __ldg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
         if (G == 64) {
-            uint4 sv = __ldcg((const uint4*)(r.s + c0 * 4));
-            uint4 bv = __ldcg((const uint4*)(r.b + c0 * 4));
+            uint4 sv = __ldg((const uint4*)(r.s + c0 * 4));
+            uint4 bv = __ldg((const uint4*)(r.b + c0 * 4));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = sv.z; f.s[k][3] = sv.w;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = bv.z; f.b[k][3] = bv.w;
         } else {
-            uint2 sv = __ldcg((const uint2*)(r.s + c0 * 2));
-            uint2 bv = __ldcg((const uint2*)(r.b + c0 * 2));
+            uint2 sv = __ldg((const uint2*)(r.s + c0 * 2));
+            uint2 bv = __ldg((const uint2*)(r.b + c0 * 2));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = 0u; f.s[k][3] = 0u;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = 0u; f.b[k][3] = 0u;
         }
@@ -405,10 +403,10 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
     if (v < nsel) {
         u64 base;
         if (flags) {
-            // One token beside gather_ready: its gate and up bytes are in place once
-            // ready[v] counts `need`.
+            // One token beside gather_ready: the table and every copied expert's gate and
+            // up bytes are in place once ready[0] counts `need`.
             PDL_TRIGGER();
-            wait_ready(ready + v, (u32)need);
+            wait_ready(ready, (u32)need);
             base = __ldcg(tab + __ldcg(sel + v));
         } else {
             PDL_SYNC();
@@ -473,8 +471,8 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     }
     PDL_SYNC();
     // A routed first vector's slot is known now: its loads go out before the staging. With
-    // `ready` (one token beside gather_ready), a routed vector e's down bytes are in place
-    // once ready[e] counts `need`: its warp waits after the staging, so the others go on.
+    // `ready` (one token beside gather_ready), the routed experts' down bytes are in place
+    // once ready[0] counts `need`: their warps wait after the staging, the shared one goes on.
     u64 first = 0;
     if (!ready && warp < K) {
         first = tab[sel[warp]];
@@ -484,7 +482,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
     __syncthreads();
     if (ready && warp < K) {
-        wait_ready_warp(ready + warp, (u32)need);
+        wait_ready_warp(ready, (u32)need);
         first = __ldcg(tab + __ldcg(sel + warp));
         if (first != 0) tc_issue_tile<ST, G>(down, first, r0, g, row, f);
     }
@@ -493,7 +491,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
         for (int e = warp; e <= K; e += nw) {
             // Routed vector e < K (its slot; none: no output) or the shared one (e = K).
             bool routed = e < K;
-            if (ready && routed && e != warp) wait_ready_warp(ready + e, (u32)need);
+            if (ready && routed && e != warp) wait_ready_warp(ready, (u32)need);
             u64 base = 0;
             if (routed && e == warp)
                 base = first;
