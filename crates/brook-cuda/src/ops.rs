@@ -286,7 +286,12 @@ pub fn qmv_experts(
         a.arg(x).arg(y).arg(ys);
         ready_args(&mut a, ready, tokens)?;
         let grid = (bx, ny, 1);
-        return g.launch(g.k.swiglu_tc, grid, 128, tc_bytes as u32, &mut a);
+        let kernel = if ready.is_some() {
+            g.k.swiglu_tc_ready
+        } else {
+            g.k.swiglu_tc
+        };
+        return g.launch(kernel, grid, 128, tc_bytes as u32, &mut a);
     }
     let smem = smem_for(g, m1.cols as usize)?;
     // The CUDA cores' two kernels differ in one argument: vectors a token (SwiGLU, two gate
@@ -403,7 +408,11 @@ pub fn moe_down(
         let sms = g.sms.max(1) as usize;
         let bx = tiles.min((4 * sms).div_ceil(ny as usize)).max(1);
         return g.launch(
-            g.k.down_tc,
+            if ready.is_some() {
+                g.k.down_tc_ready
+            } else {
+                g.k.down_tc
+            },
             (bx as u32, ny, 1),
             (warps * 32) as u32,
             tc_bytes as u32,

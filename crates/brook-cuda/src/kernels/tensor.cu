@@ -386,7 +386,9 @@ __device__ __forceinline__ void swiglu_tc_rows(const Mat& Gt, const Mat& Up, u64
                     [&](int tile, const float (&o)[2]) { h[tile * 8 + g] = siluf_(o[0]) * o[1]; });
 }
 
-template <int ST, int G>
+// R: beside gather_ready (one token), waiting on its flags `ready` (swiglu_tc_ready) instead of
+// on the kernel before.
+template <int ST, int G, bool R>
 __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restrict__ tab,
                                const int* __restrict__ sel, int nsel, int per, const Mat& sg,
                                const Mat& su, int split, const float* __restrict__ x,
@@ -399,10 +401,9 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
     x += (long long)tok * gm.cols;
     y += (long long)tok * nsel * gm.rows;
     ys += (long long)tok * sg.rows;
-    bool flags = ready != nullptr;
     if (v < nsel) {
         u64 base;
-        if (flags) {
+        if (R) {
             // One token beside gather_ready: the table and every copied expert's gate and
             // up bytes are in place once ready[0] counts `need`.
             PDL_TRIGGER();
@@ -413,10 +414,10 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
             base = tab[sel[v]];
         }
         if (base == 0) return;
-        swiglu_tc_rows<ST, G>(gm, um, base, split, false, flags, x,
-                              y + (long long)v * gm.rows, tcs);
+        swiglu_tc_rows<ST, G>(gm, um, base, split, false, R, x, y + (long long)v * gm.rows,
+                              tcs);
     } else {
-        swiglu_tc_rows<ST, G>(sg, su, 0, split, true, flags, x, ys, tcs);
+        swiglu_tc_rows<ST, G>(sg, su, 0, split, true, R, x, ys, tcs);
     }
 }
 
@@ -438,7 +439,7 @@ __device__ __forceinline__ void tc_issue_tile(const Mat& m, u64 base, int r, int
 // warps' partial sums in warp order. Dynamic shared memory: the K routed inputs' and the
 // shared input's fragments and sums (ops.rs `tc_down_smem`), then 16 floats per warp. At
 // most 12 warps (the register budget of one block per SM).
-template <int ST, int G>
+template <int ST, int G, bool R>
 __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
                              const int* __restrict__ sel, const float* __restrict__ wts, int K,
                              const Mat& sdown, const float* __restrict__ sg, int sgs,
@@ -471,17 +472,18 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     }
     PDL_SYNC();
     // A routed first vector's slot is known now: its loads go out before the staging. With
-    // `ready` (one token beside gather_ready), the routed experts' down bytes are in place
-    // once ready[0] counts `need`: their warps wait after the staging, the shared one goes on.
+    // R (one token beside gather_ready, down_tc_ready), the routed experts' down bytes are in
+    // place once ready[0] counts `need`: their warps wait after the staging, the shared one
+    // goes on.
     u64 first = 0;
-    if (!ready && warp < K) {
+    if (!R && warp < K) {
         first = tab[sel[warp]];
         if (first != 0) tc_issue_tile<ST, G>(down, first, r0, g, row, f);
     }
     tc_stage(h, I, K, I, fr, sx);
     tc_stage(hsh, 0, 1, IS, sfr, ssx);
     __syncthreads();
-    if (ready && warp < K) {
+    if (R && warp < K) {
         wait_ready_warp(ready, (u32)need);
         first = __ldcg(tab + __ldcg(sel + warp));
         if (first != 0) tc_issue_tile<ST, G>(down, first, r0, g, row, f);
@@ -491,12 +493,12 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
         for (int e = warp; e <= K; e += nw) {
             // Routed vector e < K (its slot; none: no output) or the shared one (e = K).
             bool routed = e < K;
-            if (ready && routed && e != warp) wait_ready_warp(ready, (u32)need);
+            if (R && routed && e != warp) wait_ready_warp(ready, (u32)need);
             u64 base = 0;
             if (routed && e == warp)
                 base = first;
             else if (routed)
-                base = ready ? __ldcg(tab + __ldcg(sel + e)) : tab[sel[e]];
+                base = R ? __ldcg(tab + __ldcg(sel + e)) : tab[sel[e]];
             if (routed && base == 0) continue;
             if (!(issued && e == warp)) {   // else its loads are out already
                 tc_issue_tile<ST, G>(routed ? down : sdown, base, r0, g, row, f);
@@ -506,7 +508,7 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
                 tc_rows<ST, G>(row, 0, nch, f, fr + e * nch * TC_CHUNK_U4, sx + e * (I >> 6), o);
             else
                 tc_rows<ST, G>(row, 0, snch, f, sfr, ssx, o);
-            float w = routed ? __ldcg(wts + e) : sigmoidf_(__ldcg(sg));
+            float w = routed ? (R ? __ldcg(wts + e) : wts[e]) : sigmoidf_(R ? __ldcg(sg) : sg[0]);
             acc[0] = fmaf(w, o[0], acc[0]);
             acc[1] = fmaf(w, o[1], acc[1]);
         }
@@ -557,14 +559,28 @@ extern "C" __global__ void __launch_bounds__(256, 2)
     TC_DISPATCH(m0, QMV_TC);
 }
 
+// The expert kernels, and their forms beside gather_ready (`_ready`: R), which take the same
+// arguments.
 extern "C" __global__ void __launch_bounds__(128, 4)
     swiglu_tc(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel,
               int nsel, int per, Mat sg, Mat su, int split, const float* __restrict__ x,
               float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,
               int need) {
-#define SWIGLU_TC(ST, G) \
-    swiglu_tc_body<ST, G>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, need, tcs)
+#define SWIGLU_TC(ST, G)                                                                    \
+    swiglu_tc_body<ST, G, false>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, \
+                                 need, tcs)
     TC_DISPATCH(gm, SWIGLU_TC);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 4)
+    swiglu_tc_ready(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel,
+                    int nsel, int per, Mat sg, Mat su, int split, const float* __restrict__ x,
+                    float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,
+                    int need) {
+#define SWIGLU_TC_READY(ST, G)                                                             \
+    swiglu_tc_body<ST, G, true>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, \
+                                need, tcs)
+    TC_DISPATCH(gm, SWIGLU_TC_READY);
 }
 
 extern "C" __global__ void __launch_bounds__(384)
@@ -573,6 +589,16 @@ extern "C" __global__ void __launch_bounds__(384)
             int sgs, const float* __restrict__ h, const float* __restrict__ hsh,
             float* __restrict__ out, const u32* __restrict__ ready, int need) {
 #define DOWN_TC(ST, G) \
-    down_tc_body<ST, G>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
+    down_tc_body<ST, G, false>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
     TC_DISPATCH(down, DOWN_TC);
+}
+
+extern "C" __global__ void __launch_bounds__(384)
+    down_tc_ready(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,
+                  const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,
+                  int sgs, const float* __restrict__ h, const float* __restrict__ hsh,
+                  float* __restrict__ out, const u32* __restrict__ ready, int need) {
+#define DOWN_TC_READY(ST, G) \
+    down_tc_body<ST, G, true>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
+    TC_DISPATCH(down, DOWN_TC_READY);
 }
