@@ -383,8 +383,8 @@ impl GpuExperts {
     /// the mapped ones into GPU memory, whose table this then is.
     ///
     /// With `flags` (from [`Self::ready_flags`] for these `n` picks, zeroed since their last
-    /// use) the gather counts its progress there and the products may run beside it, each
-    /// waiting for its own expert's bytes.
+    /// use) the gather counts its two phases there (every copied expert's gate and up bytes,
+    /// then their down bytes) and the products run beside it, waiting on those counts.
     pub fn table_for(
         &self,
         layer: usize,
