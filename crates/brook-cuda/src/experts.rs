@@ -419,7 +419,7 @@ impl GpuExperts {
     /// or with `BROOK_CUDA_GATHER_FLAGS=0`.
     pub fn ready_flags(&self, n: usize) -> Option<ReadyFlags> {
         let g = self.gather.as_ref()?;
-        (n <= g.picks && g.ready_blocks > 0).then(|| ReadyFlags {
+        (n <= g.picks && g.ready_blocks > 0).then_some(ReadyFlags {
             ptr: g.ready.ptr,
             need: g.ready_blocks,
         })
