@@ -197,11 +197,19 @@ fn gather_blocks(sms: usize) -> usize {
     if std::env::var("BROOK_CUDA_GATHER_FLAGS").is_ok_and(|v| v == "0") {
         return 0;
     }
-    std::env::var("BROOK_CUDA_GATHER_BLOCKS")
-        .ok()
-        .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(sms / 2)
-        .clamp(1, 1024)
+    let default = (sms / 2).max(1);
+    match std::env::var("BROOK_CUDA_GATHER_BLOCKS") {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if (1..=1024).contains(&n) => n,
+            _ => {
+                tracing::warn!(
+                    "BROOK_CUDA_GATHER_BLOCKS={v} is not a count from 1 to 1024; using {default}"
+                );
+                default
+            }
+        },
+        Err(_) => default,
+    }
 }
 
 /// Host bytes the mapped tier takes for `nslots` GPU slots of `slot_bytes` among `total`
