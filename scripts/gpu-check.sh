@@ -5,6 +5,10 @@
 #   scripts/gpu-check.sh build [DIR]    # writes DIR/brook, DIR/gpu-tests and DIR/gpu_steps
 #                                       # (DIR: dist/gpu), and DIR.tgz holding the three
 #
+# (with PTX_FOR="NVIDIA H100 80GB HBM3=9.0;NVIDIA H200=9.0" and an NVRTC on LD_LIBRARY_PATH,
+# also DIR/cuda: the kernels compiled for those GPUs, which `run` puts in the GPU machine's
+# cache, saving it the compile where its NVRTC version matches; docs/CUDA.md)
+#
 # then copy the repository (with dist/gpu, or only dist/gpu.tgz where the copy's size is
 # limited: `run` unpacks it when dist/gpu is missing) to the GPU machine and, from its root, run
 #
@@ -47,8 +51,17 @@ for l in sys.stdin:
     cp "$exe" "$out/gpu-tests"
     cp target/release/examples/gpu_steps "$out/gpu_steps"
     strip "$out/brook" "$out/gpu-tests" "$out/gpu_steps" 2>/dev/null || true
+    # PTX_FOR="NAME=MAJOR.MINOR;...": the kernels compiled here for those GPUs too (NVRTC on
+    # LD_LIBRARY_PATH), into $out/cuda, which `run` puts in the GPU machine's cache.
+    if [ -n "${PTX_FOR:-}" ]; then
+        cargo build --release -p brook-cuda --example ptx_cache
+        rm -rf "$out/cuda"
+        IFS=';' read -ra gpus <<<"$PTX_FOR"
+        BROOK_HOME="$out/home.tmp" target/release/examples/ptx_cache "${gpus[@]}"
+        mv "$out/home.tmp/cuda" "$out/cuda" && rm -rf "$out/home.tmp"
+    fi
     tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
-    echo "built $out/brook, $out/gpu-tests and $out/gpu_steps; the three in $out.tgz"
+    echo "built $out/brook, $out/gpu-tests and $out/gpu_steps$([ -d "$out/cuda" ] && echo " and $out/cuda"); all in $out.tgz"
     ;;
 run)
     work=${2:-/tmp/brook-gpu}
@@ -61,6 +74,10 @@ run)
     for b in $bins; do
         if [ ! -x "$b/brook" ] && [ -f "$b.tgz" ]; then
             tar xzf "$b.tgz" -C "$(dirname "$b")"
+        fi
+        # Kernels compiled for this GPU at build time (PTX_FOR), used where the NVRTC matches.
+        if [ -d "$b/cuda" ]; then
+            mkdir -p "$BROOK_HOME/cuda" && cp -n "$b/cuda/"*.ptx "$BROOK_HOME/cuda/" 2>/dev/null || true
         fi
     done
     first=${bins%% *}

@@ -20,7 +20,7 @@ pub mod experts;
 mod given;
 pub mod gpu;
 pub mod model;
-mod nvrtc;
+pub mod nvrtc;
 pub mod ops;
 mod scratch;
 pub mod state;

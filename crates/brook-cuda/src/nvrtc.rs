@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use brook_core::Result;
+use brook_core::{Error, Result};
 
 use crate::gpu::{SOURCE, err};
 
@@ -27,6 +27,34 @@ pub(crate) fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
     let (ptx, fresh) = ptx_from_disk_or_nvrtc(key, &arch)?;
     compiled.push((key, ptx.clone()));
     Ok((ptx, fresh))
+}
+
+/// Compiles the kernels for a GPU named `name` (as the driver names it) of compute capability
+/// `cc` into the disk cache on a machine that need not have that GPU, so the GPU machine's
+/// first start skips NVRTC. The cache is keyed by this NVRTC's version as well, so it serves
+/// a machine with the same version only. Whether NVRTC ran (false: it was cached already).
+pub fn precompile(name: &str, cc: (i32, i32)) -> Result<bool> {
+    // SAFETY: only tries to dlopen NVRTC and reports whether that worked.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err(Error::Device(
+            "NVRTC (libnvrtc.so) not found: install the CUDA toolkit's NVRTC or put its \
+             library directory on LD_LIBRARY_PATH"
+                .into(),
+        ));
+    }
+    ptx_for(name, cc).map(|(_, fresh)| fresh)
+}
+
+/// This NVRTC's (major, minor) version, part of the cache's key (`None`: not loadable).
+pub fn version() -> Option<(i32, i32)> {
+    // SAFETY: only tries to dlopen NVRTC.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return None;
+    }
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: NVRTC is loaded; two out-parameters.
+    let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    Some((major, minor))
 }
 
 /// The disk cache, else NVRTC (storing the result).
