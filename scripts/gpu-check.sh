@@ -53,9 +53,9 @@ for l in sys.stdin:
     strip "$out/brook" "$out/gpu-tests" "$out/gpu_steps" 2>/dev/null || true
     # PTX_FOR="NAME=MAJOR.MINOR;...": the kernels compiled here for those GPUs too (NVRTC on
     # LD_LIBRARY_PATH), into $out/cuda, which `run` puts in the GPU machine's cache.
+    rm -rf "$out/cuda"
     if [ -n "${PTX_FOR:-}" ]; then
         cargo build --release -p brook-cuda --example ptx_cache
-        rm -rf "$out/cuda"
         IFS=';' read -ra gpus <<<"$PTX_FOR"
         BROOK_HOME="$out/home.tmp" target/release/examples/ptx_cache "${gpus[@]}"
         mv "$out/home.tmp/cuda" "$out/cuda" && rm -rf "$out/home.tmp"
