@@ -190,28 +190,6 @@ impl ReadyFlags {
     }
 }
 
-/// Blocks of a one-token gather on a GPU of `sms` SMs: a few dozen keep PCIe busy (each
-/// thread has four 16-byte reads in flight), and the products beside it need the rest.
-/// `BROOK_CUDA_GATHER_BLOCKS` overrides; `BROOK_CUDA_GATHER_FLAGS=0` turns the flags off (0).
-fn gather_blocks(sms: usize) -> usize {
-    if std::env::var("BROOK_CUDA_GATHER_FLAGS").is_ok_and(|v| v == "0") {
-        return 0;
-    }
-    let default = (sms / 2).max(1);
-    match std::env::var("BROOK_CUDA_GATHER_BLOCKS") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=1024).contains(&n) => n,
-            _ => {
-                tracing::warn!(
-                    "BROOK_CUDA_GATHER_BLOCKS={v} is not a count from 1 to 1024; using {default}"
-                );
-                default
-            }
-        },
-        Err(_) => default,
-    }
-}
-
 /// Host bytes the mapped tier takes for `nslots` GPU slots of `slot_bytes` among `total`
 /// experts.
 pub fn mapped_bytes(total: usize, nslots: usize, slot_bytes: usize) -> u64 {
@@ -297,7 +275,7 @@ impl GpuExperts {
                 picks,
                 step: gpu.zeros(e * 8, "gathered expert table")?,
                 ready: gpu.zeros(2 * 4, "gather flags")?,
-                ready_blocks: gather_blocks(gpu.sms.max(1) as usize),
+                ready_blocks: crate::switches::gather_blocks(gpu.sms.max(1) as usize),
                 guess: Guess {
                     normed: gpu.alloc(cfg.hidden_size * 4, "prefetch input")?,
                     logits: gpu.alloc(e * 4, "prefetch router logits")?,

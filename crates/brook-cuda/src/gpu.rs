@@ -307,10 +307,8 @@ impl Gpu {
             used: AtomicU64::new(0),
             module,
             compile_s,
-            pdl: cc.0 >= 9 && std::env::var("BROOK_CUDA_PDL").map_or(true, |v| v != "0"),
-            tensor_cores: AtomicBool::new(
-                cc.0 >= 8 && std::env::var("BROOK_CUDA_TC").map_or(true, |v| v != "0"),
-            ),
+            pdl: cc.0 >= 9 && crate::switches::pdl(),
+            tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),
             side,

@@ -24,6 +24,7 @@ pub mod nvrtc;
 pub mod ops;
 mod scratch;
 pub mod state;
+pub mod switches;
 pub mod weights;
 
 pub use model::{CudaModel, CudaOptions, cuda_options, engine_maker};

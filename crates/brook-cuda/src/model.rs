@@ -229,7 +229,7 @@ impl CudaModel {
             host_logits: Default::default(),
             given: None,
             batch: None,
-            prefetch: std::env::var("BROOK_CUDA_PREFETCH").is_ok_and(|v| v == "1"),
+            prefetch: crate::switches::prefetch(),
             prefetched: false,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
@@ -521,7 +521,7 @@ pub const MAX_SEQS: usize = 64;
 /// kernels one launch at a time).
 pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
     CudaOptions {
-        graphs: std::env::var("BROOK_CUDA_GRAPHS").map_or(true, |v| v != "0"),
+        graphs: crate::switches::graphs(),
         gpu_memory_budget: o.gpu_memory_budget,
         max_chunk: o.prefill_chunk.clamp(1, MAX_CHUNK),
         context: o.context.max(1),
