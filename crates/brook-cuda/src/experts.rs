@@ -22,7 +22,11 @@ use brook_core::{Error, Result};
 use cudarc::driver::{result, sys};
 
 use crate::gpu::{DevBuf, Gpu, Pinned, err};
+
+mod gather;
 use crate::weights::{Mat, Placement, copy_into, place};
+use gather::Gather;
+pub use gather::{Guess, ReadyFlags};
 
 /// The [`Mat`]s of one layer's experts, relative to a slot's start.
 #[derive(Debug, Clone)]
@@ -45,42 +49,6 @@ pub struct GpuCacheStats {
     pub load_s: f64,
     /// Mapped picks a prefetch had already gathered (not copied again).
     pub prefetch_used: u64,
-}
-
-/// The gathering of a step's mapped experts into GPU memory.
-#[derive(Debug)]
-struct Gather {
-    /// How often each (layer, expert) was picked, counted on the GPU (the hits and misses a
-    /// mapped step can't see on the host).
-    counts: DevBuf,
-    /// Slots for `picks` picks.
-    scratch: DevBuf,
-    picks: usize,
-    /// [experts] addresses of the current layer's picks.
-    step: DevBuf,
-    /// The prefetch of a layer's guessed picks (top-k), beside its mixer.
-    guess: Guess,
-    /// The two flags of a one-token gather the products wait on (routing.cu
-    /// `gather_ready`), zeroed by the top-k before it.
-    ready: DevBuf,
-    /// That gather's blocks (the count each flag reaches); 0: the products wait for the
-    /// gather's end instead (`BROOK_CUDA_GATHER_FLAGS=0`).
-    ready_blocks: usize,
-}
-
-/// Buffers of a prefetch: its input, router logits, picks, weights, slots, and the table
-/// and counts its gather writes (unread: the step's own gather writes the real ones; in
-/// `counts[layer]` the steps count the mapped picks they found prefetched, after those
-/// [layers · experts] the prefetches their guesses).
-#[derive(Debug)]
-pub struct Guess {
-    pub normed: DevBuf,
-    pub logits: DevBuf,
-    pub sel: DevBuf,
-    pub wts: DevBuf,
-    scratch: DevBuf,
-    step: DevBuf,
-    counts: DevBuf,
 }
 
 const NONE: u32 = u32::MAX;
@@ -162,34 +130,6 @@ pub fn layouts(model: &Model) -> Result<(Vec<ExpertMats>, usize)> {
     Ok((mats, slot))
 }
 
-/// Where one gather writes: its slots, the table of where each pick is, the pick counts, and
-/// how many guesses of a prefetch it may take its picks from.
-struct Pass<'a> {
-    scratch: &'a DevBuf,
-    step: &'a DevBuf,
-    counts: u64,
-    npref: usize,
-}
-
-/// The flags of a one-token gather its products run beside (routing.cu `gather_ready`): two
-/// words at `ptr` (the copied experts' gate and up bytes, then their down bytes), each
-/// counting up to `need` (the gather's blocks).
-#[derive(Debug, Clone, Copy)]
-pub struct ReadyFlags {
-    pub ptr: u64,
-    pub need: usize,
-}
-
-impl ReadyFlags {
-    /// Words the top-k before the gather zeroes.
-    pub const WORDS: usize = 2;
-
-    /// The flag of the down bytes.
-    pub fn down(&self) -> u64 {
-        self.ptr + 4
-    }
-}
-
 /// Host bytes the mapped tier takes for `nslots` GPU slots of `slot_bytes` among `total`
 /// experts.
 pub fn mapped_bytes(total: usize, nslots: usize, slot_bytes: usize) -> u64 {
@@ -268,24 +208,7 @@ impl GpuExperts {
             me.table.write(&addrs)?;
             gpu.sync()?;
         } else if mapped && me.load_mapped(model)? {
-            let (e, k) = (cfg.num_experts, cfg.num_experts_per_tok);
-            me.gather = Some(Gather {
-                counts: gpu.zeros(total * 4, "expert pick counts")?,
-                scratch: gpu.alloc(picks * slot_bytes, "gathered experts")?,
-                picks,
-                step: gpu.zeros(e * 8, "gathered expert table")?,
-                ready: gpu.zeros(2 * 4, "gather flags")?,
-                ready_blocks: crate::switches::gather_blocks(gpu.sms.max(1) as usize),
-                guess: Guess {
-                    normed: gpu.alloc(cfg.hidden_size * 4, "prefetch input")?,
-                    logits: gpu.alloc(e * 4, "prefetch router logits")?,
-                    sel: gpu.zeros(k * 4, "prefetch picks")?,
-                    wts: gpu.alloc(k * 4, "prefetch weights")?,
-                    scratch: gpu.alloc(k * slot_bytes, "prefetched experts")?,
-                    step: gpu.alloc(e * 8, "prefetch table")?,
-                    counts: gpu.zeros((cfg.num_hidden_layers + total) * 4, "prefetch counts")?,
-                },
-            });
+            me.gather = Some(Gather::new(gpu, cfg, total, picks, slot_bytes)?);
         }
         Ok(me)
     }
@@ -361,142 +284,6 @@ impl GpuExperts {
             t.elapsed().as_secs_f64()
         );
         Ok(true)
-    }
-
-    /// The table the products of `layer` read for the `n` picks at `sel` (the top-k kernel's
-    /// output). Where mapped, counts the picks on the GPU (the hits and misses a mapped step
-    /// can't see on the host), and for a step of at most the gather's picks first copies
-    /// the mapped ones into GPU memory, whose table this then is.
-    ///
-    /// With `flags` (from [`Self::ready_flags`] for these `n` picks, zeroed since their last
-    /// use) the gather counts its two phases there (every copied expert's gate and up bytes,
-    /// then their down bytes) and the products run beside it, waiting on those counts.
-    pub fn table_for(
-        &self,
-        layer: usize,
-        sel: u64,
-        n: usize,
-        prefetched: bool,
-        flags: Option<&ReadyFlags>,
-    ) -> Result<u64> {
-        let tab = self.table_of(layer);
-        let Some(g) = &self.gather else {
-            return Ok(tab);
-        };
-        let counts = g.counts.ptr + (layer * self.experts * 4) as u64;
-        if n > g.picks {
-            self.count_picks(sel, n, counts)?;
-            return Ok(tab);
-        }
-        let npref = if prefetched { self.k } else { 0 };
-        let pass = Pass {
-            scratch: &g.scratch,
-            step: &g.step,
-            counts,
-            npref,
-        };
-        self.gather(layer, sel, n, &pass, &g.guess, flags)?;
-        Ok(g.step.ptr)
-    }
-
-    /// The flags a one-token step of `n` picks may gather with, its products running beside
-    /// the gather (see [`Self::table_for`]); `None` where nothing is gathered (resident, or
-    /// streamed through the host a layer at a time), for more picks than the gather takes,
-    /// or with `BROOK_CUDA_GATHER_FLAGS=0`.
-    pub fn ready_flags(&self, n: usize) -> Option<ReadyFlags> {
-        let g = self.gather.as_ref()?;
-        (n <= g.picks && g.ready_blocks > 0).then_some(ReadyFlags {
-            ptr: g.ready.ptr,
-            need: g.ready_blocks,
-        })
-    }
-
-    /// The prefetch's buffers, where the experts are mapped.
-    pub fn guess(&self) -> Option<&Guess> {
-        self.gather.as_ref().map(|g| &g.guess)
-    }
-
-    /// Gathers the mapped ones of the guessed picks of `layer` ([`Guess::sel`], top-k) into the
-    /// prefetch's slots (queued wherever launches go now: the side stream).
-    pub fn prefetch(&self, layer: usize) -> Result<()> {
-        let Some(g) = &self.gather else {
-            return Ok(());
-        };
-        let q = &g.guess;
-        let pass = Pass {
-            scratch: &q.scratch,
-            step: &q.step,
-            counts: q.counts.ptr + ((self.layers + layer * self.experts) * 4) as u64,
-            npref: 0,
-        };
-        self.gather(layer, q.sel.ptr, self.k, &pass, q, None)
-    }
-
-    /// One launch of `gather_mapped`, or with `flags` of `gather_ready` (routing.cu), for
-    /// the `n` picks at `sel`.
-    fn gather(
-        &self,
-        layer: usize,
-        sel: u64,
-        n: usize,
-        pass: &Pass<'_>,
-        guess: &Guess,
-        flags: Option<&ReadyFlags>,
-    ) -> Result<()> {
-        let place = &self.mats[layer].place;
-        let img = place[2].end;
-        let mut a = crate::gpu::Args::new();
-        a.arg(self.table_of(layer))
-            .arg(self.arena.ptr)
-            .arg(self.arena.ptr + self.arena.bytes as u64)
-            .arg(sel)
-            .arg(n as i32)
-            .arg(pass.scratch.ptr)
-            .arg(self.slot_bytes as i32);
-        if flags.is_some() {
-            // The gate and up bytes first: their end in 16-byte pieces, rounded up.
-            a.arg(place[1].end.next_multiple_of(16) as i32);
-        }
-        a.arg(img as i32)
-            .arg(pass.step.ptr)
-            .arg(pass.counts)
-            .arg(guess.sel.ptr)
-            .arg(guess.scratch.ptr)
-            .arg(pass.npref as i32)
-            .arg(guess.counts.ptr + (layer * 4) as u64);
-        if let Some(f) = flags {
-            a.arg(f.ptr);
-            return self.gpu.launch(
-                self.gpu.k.gather_ready,
-                (f.need as u32, 1, 1),
-                256,
-                0,
-                &mut a,
-            );
-        }
-        // About 4,096 16-byte pieces a block (27 blocks an expert of the 35B): a few dozen
-        // blocks keep PCIe at its full rate (50 GB/s on the H200 host).
-        let parts = (img / 16).div_ceil(4096).clamp(1, 64) as u32;
-        self.gpu.launch(
-            self.gpu.k.gather_mapped,
-            (parts, n as u32, 1),
-            256,
-            0,
-            &mut a,
-        )
-    }
-
-    /// Counts the `n` picks at `sel` into `counts`.
-    fn count_picks(&self, sel: u64, n: usize, counts: u64) -> Result<()> {
-        let mut a = crate::gpu::Args::new();
-        a.arg(sel).arg(n as i32).arg(counts);
-        self.gpu.launch(
-            self.gpu.k.moe_count,
-            ((n as u32).div_ceil(256), 1, 1),
-            256,
-            0,
-            &mut a,
-        )
     }
 
     /// Hits, misses and the expert bytes read from host memory so far: the host cache's
