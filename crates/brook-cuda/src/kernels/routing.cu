@@ -164,14 +164,46 @@ extern "C" __global__ void topk_given(const float* __restrict__ logits, int E, i
     topk_write(t, K, norm, id, w, sel, wts);
 }
 
+// Where pick j's expert comes from in a gather: its GPU slot (PICK_GPU), an earlier pick of
+// the same expert (PICK_DUP, which copies it), guess i ≥ 0 of the `npref` a prefetch gathered,
+// or a copy over PCIe (PICK_COPY).
+#define PICK_GPU -1
+#define PICK_DUP -2
+#define PICK_COPY -3
+__device__ __forceinline__ int pick_source(const u64* __restrict__ table, u64 lo, u64 hi,
+                                           const int* __restrict__ sel, int j,
+                                           const int* __restrict__ pref, int npref) {
+    int e = sel[j];
+    u64 src = table[e];
+    if (src >= lo && src < hi) return PICK_GPU;
+    for (int i = 0; i < j; i++)
+        if (sel[i] == e) return PICK_DUP;
+    for (int i = 0; i < npref; i++)
+        if (pref[i] == e) return i;
+    return PICK_COPY;
+}
+
+// 16-byte pieces [i, end) of s into d, `stride` apart a thread, four loads in flight at a
+// time: streaming reads that keep PCIe busy, where the products' own scattered reads of host
+// memory do not.
+__device__ __forceinline__ void copy_pieces(const uint4* __restrict__ s, uint4* __restrict__ d,
+                                            int i, int end, int stride) {
+    for (; i + 3 * stride < end; i += 4 * stride) {
+        uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
+        d[i] = a;
+        d[i + stride] = b;
+        d[i + 2 * stride] = c;
+        d[i + 3 * stride] = w;
+    }
+    for (; i < end; i += stride) d[i] = s[i];
+}
+
 // Experts in mapped host memory, gathered before the products read them: pick j (of n) whose
 // table entry lies outside the GPU's slot arena [lo, hi) has its image copied over PCIe into
-// slot j of `scratch` (by the first pick of that expert only), in streaming 16-byte pieces
-// that keep the link busy, where the products' own scattered reads of host memory do not.
-// step[e] then says where each picked expert is on the GPU; counts[e] counts the picks.
-// A mapped expert among the `npref` guesses `pref` that an earlier launch of this kernel
-// (with `pref` as its `sel`) gathered into `pref_scratch` is taken from there, not copied,
-// and counted in pref_hits.
+// slot j of `scratch` (by the first pick of that expert only; copy_pieces). step[e] then says
+// where each picked expert is on the GPU; counts[e] counts the picks. A mapped expert among
+// the `npref` guesses `pref` that an earlier launch of this kernel (with `pref` as its `sel`)
+// gathered into `pref_scratch` is taken from there, not copied, and counted in pref_hits.
 // Grid (parts, n).
 extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, u64 hi,
                                          const int* __restrict__ sel, int n, u64 scratch,
@@ -181,36 +213,22 @@ extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, 
     PDL_SYNC();
     int j = blockIdx.y;
     int e = sel[j];
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(&counts[e], 1);
-    u64 src = table[e];
-    bool on_gpu = src >= lo && src < hi;
-    if (!on_gpu) {
-        for (int i = 0; i < j; i++)
-            if (sel[i] == e) return;
-        for (int i = 0; i < npref; i++)
-            if (pref[i] == e) {
-                if (blockIdx.x == 0 && threadIdx.x == 0) {
-                    step[e] = pref_scratch + (u64)i * slot_bytes;
-                    atomicAdd(pref_hits, 1);
-                }
-                return;
-            }
+    bool lead = blockIdx.x == 0 && threadIdx.x == 0;
+    if (lead) atomicAdd(&counts[e], 1);
+    int from = pick_source(table, lo, hi, sel, j, pref, npref);
+    if (from == PICK_DUP) return;
+    if (from >= 0) {
+        if (lead) {
+            step[e] = pref_scratch + (u64)from * slot_bytes;
+            atomicAdd(pref_hits, 1);
+        }
+        return;
     }
-    u64 dst = scratch + (u64)j * slot_bytes;
-    if (blockIdx.x == 0 && threadIdx.x == 0) step[e] = on_gpu ? src : dst;
-    if (on_gpu) return;
-    const uint4* __restrict__ s = (const uint4*)src;
-    uint4* __restrict__ d = (uint4*)dst;
-    int m = (img_bytes + 15) / 16, stride = gridDim.x * blockDim.x;
-    int i = blockIdx.x * blockDim.x + threadIdx.x;
-    for (; i + 3 * stride < m; i += 4 * stride) {
-        uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
-        d[i] = a;
-        d[i + stride] = b;
-        d[i + 2 * stride] = c;
-        d[i + 3 * stride] = w;
-    }
-    for (; i < m; i += stride) d[i] = s[i];
+    u64 src = table[e], dst = scratch + (u64)j * slot_bytes;
+    if (lead) step[e] = from == PICK_GPU ? src : dst;
+    if (from == PICK_GPU) return;
+    copy_pieces((const uint4*)src, (uint4*)dst, blockIdx.x * blockDim.x + threadIdx.x,
+                (img_bytes + 15) / 16, gridDim.x * blockDim.x);
 }
 
 // gather_mapped for a one-token step whose products run beside it (`ready`: two words the
@@ -233,20 +251,12 @@ extern "C" __global__ void gather_ready(const u64* __restrict__ table, u64 lo, u
         for (int j = 0; j < n; j++) {
             int e = sel[j];
             atomicAdd(&counts[e], 1);
-            bool first = true;
-            for (int i = 0; i < j; i++)
-                if (sel[i] == e) first = false;
-            if (!first) continue;
-            u64 src = table[e];
-            int pi = -1;
-            if (!(src >= lo && src < hi))
-                for (int i = 0; i < npref && pi < 0; i++)
-                    if (pref[i] == e) pi = i;
-            if (pi >= 0) {
-                step[e] = pref_scratch + (u64)pi * slot_bytes;
+            int from = pick_source(table, lo, hi, sel, j, pref, npref);
+            if (from >= 0) {
+                step[e] = pref_scratch + (u64)from * slot_bytes;
                 atomicAdd(pref_hits, 1);
-            } else {
-                step[e] = src >= lo && src < hi ? src : scratch + (u64)j * slot_bytes;
+            } else if (from != PICK_DUP) {
+                step[e] = from == PICK_GPU ? table[e] : scratch + (u64)j * slot_bytes;
             }
         }
     }
@@ -254,26 +264,9 @@ extern "C" __global__ void gather_ready(const u64* __restrict__ table, u64 lo, u
     for (int r = 0; r < 2; r++) {
         int b0 = r == 0 ? 0 : split / 16, b1 = r == 0 ? split / 16 : (img_bytes + 15) / 16;
         for (int j = 0; j < n; j++) {
-            int e = sel[j];
-            u64 src = table[e];
-            if (src >= lo && src < hi) continue;
-            bool copy = true;
-            for (int i = 0; i < j; i++)
-                if (sel[i] == e) copy = false;
-            for (int i = 0; i < npref && copy; i++)
-                if (pref[i] == e) copy = false;
-            if (!copy) continue;
-            const uint4* __restrict__ s = (const uint4*)src;
-            uint4* __restrict__ d = (uint4*)(scratch + (u64)j * slot_bytes);
-            int i = b0 + blockIdx.x * blockDim.x + threadIdx.x;
-            for (; i + 3 * stride < b1; i += 4 * stride) {
-                uint4 a = s[i], b = s[i + stride], c = s[i + 2 * stride], w = s[i + 3 * stride];
-                d[i] = a;
-                d[i + stride] = b;
-                d[i + 2 * stride] = c;
-                d[i + 3 * stride] = w;
-            }
-            for (; i < b1; i += stride) d[i] = s[i];
+            if (pick_source(table, lo, hi, sel, j, pref, npref) != PICK_COPY) continue;
+            copy_pieces((const uint4*)table[sel[j]], (uint4*)(scratch + (u64)j * slot_bytes),
+                        b0 + blockIdx.x * blockDim.x + threadIdx.x, b1, stride);
         }
         __threadfence();
         __syncthreads();

@@ -560,45 +560,31 @@ extern "C" __global__ void __launch_bounds__(256, 2)
 }
 
 // The expert kernels, and their forms beside gather_ready (`_ready`: R), which take the same
-// arguments.
-extern "C" __global__ void __launch_bounds__(128, 4)
-    swiglu_tc(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel,
-              int nsel, int per, Mat sg, Mat su, int split, const float* __restrict__ x,
-              float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,
-              int need) {
-#define SWIGLU_TC(ST, G)                                                                    \
-    swiglu_tc_body<ST, G, false>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, \
-                                 need, tcs)
-    TC_DISPATCH(gm, SWIGLU_TC);
-}
+// arguments: one definition each, R a constant of the kernel.
+#define SWIGLU_TC_KERNEL(NAME, READY)                                                           \
+    extern "C" __global__ void __launch_bounds__(128, 4)                                        \
+        NAME(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel, int nsel, \
+             int per, Mat sg, Mat su, int split, const float* __restrict__ x,                   \
+             float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,      \
+             int need) {                                                                        \
+        constexpr bool R = READY;                                                               \
+        TC_DISPATCH(gm, SWIGLU_TC);                                                             \
+    }
+#define SWIGLU_TC(ST, G) \
+    swiglu_tc_body<ST, G, R>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, need, tcs)
+SWIGLU_TC_KERNEL(swiglu_tc, false)
+SWIGLU_TC_KERNEL(swiglu_tc_ready, true)
 
-extern "C" __global__ void __launch_bounds__(128, 4)
-    swiglu_tc_ready(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel,
-                    int nsel, int per, Mat sg, Mat su, int split, const float* __restrict__ x,
-                    float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,
-                    int need) {
-#define SWIGLU_TC_READY(ST, G)                                                             \
-    swiglu_tc_body<ST, G, true>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, \
-                                need, tcs)
-    TC_DISPATCH(gm, SWIGLU_TC_READY);
-}
-
-extern "C" __global__ void __launch_bounds__(384)
-    down_tc(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,
-            const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,
-            int sgs, const float* __restrict__ h, const float* __restrict__ hsh,
-            float* __restrict__ out, const u32* __restrict__ ready, int need) {
+#define DOWN_TC_KERNEL(NAME, READY)                                                             \
+    extern "C" __global__ void __launch_bounds__(384)                                           \
+        NAME(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,                \
+             const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,     \
+             int sgs, const float* __restrict__ h, const float* __restrict__ hsh,               \
+             float* __restrict__ out, const u32* __restrict__ ready, int need) {                \
+        constexpr bool R = READY;                                                               \
+        TC_DISPATCH(down, DOWN_TC);                                                             \
+    }
 #define DOWN_TC(ST, G) \
-    down_tc_body<ST, G, false>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
-    TC_DISPATCH(down, DOWN_TC);
-}
-
-extern "C" __global__ void __launch_bounds__(384)
-    down_tc_ready(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,
-                  const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,
-                  int sgs, const float* __restrict__ h, const float* __restrict__ hsh,
-                  float* __restrict__ out, const u32* __restrict__ ready, int need) {
-#define DOWN_TC_READY(ST, G) \
-    down_tc_body<ST, G, true>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
-    TC_DISPATCH(down, DOWN_TC_READY);
-}
+    down_tc_body<ST, G, R>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)
+DOWN_TC_KERNEL(down_tc, false)
+DOWN_TC_KERNEL(down_tc_ready, true)
