@@ -208,18 +208,21 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         assert_same_bits(&single, &together, &format!("{name} against max_seqs 1"));
         // Half the experts in mapped host memory: batched steps gather theirs to the GPU.
         let total = model.cfg.num_hidden_layers * model.cfg.num_experts;
-        let mapped = CudaModel::new(
-            model.clone(),
-            CudaOptions {
-                max_chunk: CHUNK,
-                context: 64,
-                max_seqs: 4,
-                expert_slots: Some(total / 2),
-                host_budget: Some(64 << 30),
-                ..Default::default()
-            },
-        )
-        .expect("mapped");
+        let open_mapped = |max_seqs: usize| {
+            CudaModel::new(
+                model.clone(),
+                CudaOptions {
+                    max_chunk: CHUNK,
+                    context: 64,
+                    max_seqs,
+                    expert_slots: Some(total / 2),
+                    host_budget: Some(64 << 30),
+                    ..Default::default()
+                },
+            )
+            .expect("mapped")
+        };
+        let mapped = open_mapped(4);
         assert_eq!(mapped.experts.mapped, total - total / 2, "{name}");
         let mut fw = Forward::new(mapped);
         let got = run(&mut fw, true);
@@ -229,18 +232,7 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         // gather and wait on its flags (routing.cu `gather_ready`, at tensor-core shapes),
         // graphs on and off.
         for graphs in [true, false] {
-            let mut mapped = CudaModel::new(
-                model.clone(),
-                CudaOptions {
-                    max_chunk: CHUNK,
-                    context: 64,
-                    max_seqs: 1,
-                    expert_slots: Some(total / 2),
-                    host_budget: Some(64 << 30),
-                    ..Default::default()
-                },
-            )
-            .expect("mapped");
+            let mut mapped = open_mapped(1);
             mapped.graphs = graphs;
             let mut fw = Forward::new(mapped);
             let got = run(&mut fw, false);
