@@ -325,8 +325,8 @@ impl CudaModel {
             .map(|g| g.dev.ptr + (layer * t * k * 4) as u64);
         let m = self.experts.mats[layer].clone();
         let fused = t == 1 && ops::moe_down_fits(&m.down, &sdown, k);
-        // One token's mapped experts: the products run beside their gather, each waiting on
-        // flags for its own expert's bytes (both on the tensor cores, which wait on them).
+        // One token's mapped experts: the products run beside their gather, waiting on its
+        // flags (both on the tensor cores, whose _ready forms wait on them).
         let flags = self.experts.ready_flags(k).filter(|_| {
             fused
                 && ops::swiglu_tc_fits(&self.gpu, m.gate, m.up, [sgate, sup])

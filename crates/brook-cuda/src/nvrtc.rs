@@ -12,12 +12,7 @@ use crate::gpu::{SOURCE, err};
 /// and stored. The bool says whether NVRTC ran.
 pub(crate) fn ptx_for(name: &str, cc: (i32, i32)) -> Result<(String, bool)> {
     let arch = format!("sm_{}{}{}", cc.0, cc.1, if cc.0 == 9 { "a" } else { "" });
-    let nvrtc = {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: NVRTC is loaded (checked by libraries_present); two out-parameters.
-        let _ = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-        (major, minor)
-    };
+    let nvrtc = version().unwrap_or((0, 0));
     let key = xxhash_rust::xxh3::xxh3_64(format!("{name}\n{arch}\n{nvrtc:?}\n{SOURCE}").as_bytes());
     static COMPILED: std::sync::Mutex<Vec<(u64, String)>> = std::sync::Mutex::new(Vec::new());
     let mut compiled = COMPILED.lock().unwrap_or_else(|p| p.into_inner());
