@@ -75,7 +75,7 @@ pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Element `gi` of little-endian floats of `dtype` at `p`, widened.
 #[inline(always)]
-unsafe fn scale_at(dtype: DType, p: *const u8, gi: usize) -> f32 {
+pub(super) unsafe fn scale_at(dtype: DType, p: *const u8, gi: usize) -> f32 {
     // SAFETY: the caller guarantees element gi is readable.
     unsafe {
         match dtype {

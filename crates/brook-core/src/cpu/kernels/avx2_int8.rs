@@ -15,9 +15,9 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx2::{dot_w, load8};
+use super::avx2::{load8, scale_at};
 use super::avx2_int::{CHUNK, Digits, dot_vnni, nibbles, pair_products, walk_segment};
-use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS, widen};
+use super::qmatvec::{Affine, SCALE_PAD, SEG_GROUPS};
 use crate::dtype::DType;
 
 /// Rows `rows` of y = W x for a 4-bit `a` in rows with int8 digits `x` (shapes asserted by
@@ -129,10 +129,14 @@ segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni, red_vnni);
 
 /// The row loop of [`rows`] over the segment kernel `$seg`, [`ROWS`] rows at a time
 /// (the last call's missing rows repeat its last row, their sums unused); the rows' scales are
-/// widened once per segment, and the packed bytes, scales and biases of the rows two passes
-/// ahead are prefetched (four rows read side by side lose the hardware prefetchers; one pass
-/// ahead decoded 3-4 % slower than the two-rows kernel). Defined twice, with and without
-/// AVX-VNNI, so the kernel inlines into it.
+/// widened once per segment, their bias terms (Σ_g b_g·Σx_g) go into the same register as
+/// their products ([`bias_terms`]), and the packed bytes, scales and biases of the rows two
+/// passes ahead are prefetched (four rows read side by side lose the hardware prefetchers; one
+/// pass ahead decoded 3-4 % slower than the two-rows kernel). A pass's own cost counts: an
+/// expert's down projection has rows of 8 groups, where a bias dot product per row and slices
+/// recomputed per row took as long as the products (the 2048 × 512 kernel bench ran at 55 %
+/// of the 512 × 2048 one's speed). Defined twice, with and without AVX-VNNI, so the kernel
+/// inlines into it.
 macro_rules! row_loop {
     ($name:ident, $features:literal, $seg:ident) => {
         /// # Safety
@@ -141,45 +145,50 @@ macro_rules! row_loop {
         unsafe fn $name(a: &Affine<'_>, x: &Digits<'_>, y: &mut [f32], rows: Range<usize>) {
             let (g, ng, fs) = (a.group, a.groups(), a.float.size());
             let (rb, sbytes) = (a.row_bytes(), ng * fs);
+            assert!(a.packed.len() >= rows.end * rb && a.scales.len() >= rows.end * sbytes);
+            assert!(a.biases.len() >= rows.end * sbytes);
+            let (pk, sc, bi) = (a.packed.as_ptr(), a.scales.as_ptr(), a.biases.as_ptr());
             let pf = 2 * ROWS * rb;
             let mut st = Scales([0.0; ROWS * SEG_GROUPS + SCALE_PAD]);
             let mut r = rows.start;
             while r < rows.end {
                 let nr = ROWS.min(rows.end - r);
-                let row = |i: usize| a.row(r + i.min(nr - 1));
-                for q in [a.scales, a.biases] {
-                    let ahead = q.as_ptr().wrapping_add((r + 2 * ROWS) * sbytes);
+                let at = [r, r + 1.min(nr - 1), r + 2.min(nr - 1), r + 3.min(nr - 1)];
+                for q in [sc, bi] {
+                    let ahead = q.wrapping_add((r + 2 * ROWS) * sbytes);
                     for off in (0..nr * sbytes).step_by(64) {
                         // A hint only (it may pass the matrix).
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
                     }
                 }
                 let mut acc = _mm256_setzero_ps();
-                let mut bias = [0.0f32; ROWS];
-                for (i, b) in bias.iter_mut().enumerate().take(nr) {
-                    // SAFETY: the row holds ng biases; sums ng floats (asserted).
-                    *b = unsafe { dot_w(a.float, row(i).2.as_ptr(), x.sums.as_ptr(), ng) };
-                }
                 for g0 in (0..ng).step_by(SEG_GROUPS) {
                     let k = SEG_GROUPS.min(ng - g0);
-                    let src = [0, 1, 2, 3].map(|i| &row(i).1[g0 * fs..(g0 + k) * fs]);
-                    // SAFETY: AVX2 is present; st holds ROWS·k + SCALE_PAD floats.
-                    unsafe { widen_scales(a.float, src, k, &mut st.0) };
                     let (e0, nel) = (g0 * g, k * g);
                     let c0 = e0 / CHUNK;
-                    let d = x.digits[c0 * CHUNK..].as_ptr();
-                    let cf = x.coef[c0 * 8..].as_ptr();
-                    let p = [0, 1, 2, 3].map(|i| row(i).0[e0 / 2..].as_ptr());
-                    // SAFETY: segments start at a multiple of 512 groups, so of a chunk; each
-                    // row holds nel/2 bytes from e0/2, the buffers were sized above.
-                    unsafe { $seg(p, nel, g, st.0.as_ptr(), d, cf, pf, &mut acc) };
+                    // SAFETY: rows below rows.end hold rb packed bytes and sbytes of scales
+                    // and of biases (asserted); segments start at a multiple of 512 groups, so
+                    // of a chunk; st holds ROWS·k + SCALE_PAD floats, the sums ng floats.
+                    unsafe {
+                        let src = at.map(|ri| sc.add(ri * sbytes + g0 * fs));
+                        widen_scales(a.float, src, k, &mut st.0);
+                        let bsrc = at.map(|ri| bi.add(ri * sbytes + g0 * fs));
+                        acc = bias_terms(a.float, bsrc, x.sums[g0..g0 + k].as_ptr(), k, acc);
+                        let d = x.digits[c0 * CHUNK..].as_ptr();
+                        let cf = x.coef[c0 * 8..].as_ptr();
+                        let p = at.map(|ri| pk.add(ri * rb + e0 / 2));
+                        $seg(p, nel, g, st.0.as_ptr(), d, cf, pf, &mut acc);
+                    }
                 }
-                // Each row's two block halves, then its bias.
+                // Each row's two halves.
                 let mut halves = [0.0f32; 8];
                 // SAFETY: 8 floats.
                 unsafe { _mm256_storeu_ps(halves.as_mut_ptr(), acc) };
-                for (i, b) in bias.iter().enumerate().take(nr) {
-                    y[r - rows.start + i] = b + (halves[i] + halves[ROWS + i]);
+                for (i, yi) in y[r - rows.start..r - rows.start + nr]
+                    .iter_mut()
+                    .enumerate()
+                {
+                    *yi = halves[i] + halves[ROWS + i];
                 }
                 r += nr;
             }
@@ -190,31 +199,45 @@ macro_rules! row_loop {
 row_loop!(rows_madd, "avx2,fma,f16c", seg_madd);
 row_loop!(rows_vnni, "avx2,fma,f16c,avxvnni", seg_vnni);
 
+/// The four rows' group of `i..i + 8` from `src` (8 values of `float` at each), transposed:
+/// [groups i, i + 4 | i + 1, i + 5 | i + 2, i + 6 | i + 3, i + 7], each register [the rows' four
+/// of the first group | of the second].
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transpose8(float: DType, src: [*const u8; ROWS], i: usize) -> [__m256; 4] {
+    // SAFETY: each src holds i + 8 elements (caller).
+    let v = src.map(|s| unsafe { load8(float, s, i) });
+    let (t0, t1) = (
+        _mm256_unpacklo_ps(v[0], v[1]),
+        _mm256_unpackhi_ps(v[0], v[1]),
+    );
+    let (t2, t3) = (
+        _mm256_unpacklo_ps(v[2], v[3]),
+        _mm256_unpackhi_ps(v[2], v[3]),
+    );
+    [
+        _mm256_shuffle_ps::<0x44>(t0, t2),
+        _mm256_shuffle_ps::<0xEE>(t0, t2),
+        _mm256_shuffle_ps::<0x44>(t1, t3),
+        _mm256_shuffle_ps::<0xEE>(t1, t3),
+    ]
+}
+
 /// `k` scales of `float` of each of [`ROWS`] rows (`src[i]`) widened to f32 into `out` a
 /// group at a time, the rows' four side by side ([`ROWS`]·k floats), then [`SCALE_PAD`]
 /// zeros.
+///
+/// # Safety
+/// Each `src[i]` holds k elements, `out` ROWS·k + SCALE_PAD floats.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn widen_scales(float: DType, src: [&[u8]; ROWS], k: usize, out: &mut [f32]) {
+unsafe fn widen_scales(float: DType, src: [*const u8; ROWS], k: usize, out: &mut [f32]) {
     let whole = k / 8 * 8;
     let o = out.as_mut_ptr();
     for i in (0..whole).step_by(8) {
         // SAFETY: each src holds k ≥ i + 8 elements, out ROWS·k + SCALE_PAD floats.
         unsafe {
-            let v = src.map(|s| load8(float, s.as_ptr(), i));
-            // A 4 × 8 transpose: groups i..i+8 of the four rows, four floats a group.
-            let (t0, t1) = (
-                _mm256_unpacklo_ps(v[0], v[1]),
-                _mm256_unpackhi_ps(v[0], v[1]),
-            );
-            let (t2, t3) = (
-                _mm256_unpacklo_ps(v[2], v[3]),
-                _mm256_unpackhi_ps(v[2], v[3]),
-            );
-            let u0 = _mm256_shuffle_ps::<0x44>(t0, t2); // groups i, i + 4
-            let u1 = _mm256_shuffle_ps::<0xEE>(t0, t2); // i + 1, i + 5
-            let u2 = _mm256_shuffle_ps::<0x44>(t1, t3); // i + 2, i + 6
-            let u3 = _mm256_shuffle_ps::<0xEE>(t1, t3); // i + 3, i + 7
+            let [u0, u1, u2, u3] = transpose8(float, src, i);
             let at = o.add(ROWS * i);
             _mm256_storeu_ps(at, _mm256_permute2f128_ps::<0x20>(u0, u1));
             _mm256_storeu_ps(at.add(8), _mm256_permute2f128_ps::<0x20>(u2, u3));
@@ -222,14 +245,49 @@ unsafe fn widen_scales(float: DType, src: [&[u8]; ROWS], k: usize, out: &mut [f3
             _mm256_storeu_ps(at.add(24), _mm256_permute2f128_ps::<0x31>(u2, u3));
         }
     }
-    let fs = float.size();
-    let mut tail = [0.0f32; 8];
-    for (i, s) in src.iter().enumerate() {
-        let n = k - whole;
-        widen(float, &s[whole * fs..k * fs], &mut tail[..n]);
-        for (j, &t) in tail[..n].iter().enumerate() {
-            out[ROWS * (whole + j) + i] = t;
+    for j in whole..k {
+        for (i, &s) in src.iter().enumerate() {
+            // SAFETY: j < k elements at s.
+            out[ROWS * j + i] = unsafe { scale_at(float, s, j) };
         }
     }
     out[ROWS * k..ROWS * k + SCALE_PAD].fill(0.0);
+}
+
+/// `acc` plus the four rows' bias terms over `k` groups, b_g (of `float`, from `src[i]`) times
+/// Σx of group g (`sums`), in [`rows`]' layout: row i's terms in lanes i and 4 + i.
+///
+/// # Safety
+/// Each `src[i]` holds k elements, `sums` k floats.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn bias_terms(
+    float: DType,
+    src: [*const u8; ROWS],
+    sums: *const f32,
+    k: usize,
+    mut acc: __m256,
+) -> __m256 {
+    let whole = k / 8 * 8;
+    for i in (0..whole).step_by(8) {
+        // SAFETY: each src holds k ≥ i + 8 elements, sums k floats.
+        unsafe {
+            let u = transpose8(float, src, i);
+            let s = _mm256_loadu_ps(sums.add(i));
+            for (j, u) in u.into_iter().enumerate() {
+                let j = j as i32;
+                let pick = _mm256_setr_epi32(j, j, j, j, j + 4, j + 4, j + 4, j + 4);
+                acc = _mm256_fmadd_ps(u, _mm256_permutevar8x32_ps(s, pick), acc);
+            }
+        }
+    }
+    let mut tail = [0.0f32; 8];
+    for j in whole..k {
+        for (i, &b) in src.iter().enumerate() {
+            // SAFETY: j < k elements at b and at sums.
+            tail[i] = unsafe { scale_at(float, b, j).mul_add(*sums.add(j), tail[i]) };
+        }
+    }
+    // SAFETY: 8 floats.
+    _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(tail.as_ptr()) })
 }
