@@ -71,10 +71,9 @@ macro_rules! segment_kernel {
         #[allow(clippy::too_many_arguments)]
         #[inline]
         #[target_feature(enable = $features)]
-        unsafe fn $name(
+        unsafe fn $name<const G: usize>(
             p: [*const u8; ROWS],
             nel: usize,
-            g: usize,
             st: *const f32,
             dig: *const i8,
             coef: *const f32,
@@ -92,7 +91,7 @@ macro_rules! segment_kernel {
                     let s = $reduce([0, 1, 2, 3].map(|i| $dot(lo[i], hi[i], de, dd)));
                     let cf = _mm256_loadu_ps(coef.add(c * 8));
                     // The rows' scales of each block's group.
-                    let sv = match g {
+                    let sv = match G {
                         32 => _mm256_loadu_ps(st.add(2 * ROWS * c)),
                         64 => _mm256_broadcast_ps(&*(st.add(ROWS * c) as *const __m128)),
                         _ => _mm256_broadcast_ps(&*(st.add(ROWS * (c / 2)) as *const __m128)),
@@ -177,7 +176,12 @@ macro_rules! row_loop {
                         let d = x.digits[c0 * CHUNK..].as_ptr();
                         let cf = x.coef[c0 * 8..].as_ptr();
                         let p = at.map(|ri| pk.add(ri * rb + e0 / 2));
-                        $seg(p, nel, g, st.0.as_ptr(), d, cf, pf, &mut acc);
+                        let st = st.0.as_ptr();
+                        match g {
+                            32 => $seg::<32>(p, nel, st, d, cf, pf, &mut acc),
+                            64 => $seg::<64>(p, nel, st, d, cf, pf, &mut acc),
+                            _ => $seg::<128>(p, nel, st, d, cf, pf, &mut acc),
+                        }
                     }
                 }
                 // Each row's two halves.
