@@ -46,6 +46,12 @@ pub(super) unsafe fn rows(
 /// [`red_vnni`].
 const ROWS: usize = 4;
 
+/// The least distance in bytes the row loop prefetches ahead of each row: two passes of a
+/// down projection's short rows (256 bytes) are 2 KiB, less time than a DRAM read takes
+/// (resident 35B, `BROOK_SIMD=avx2`, `fast`: 30.4-30.8 tok/s at two passes, 31.1-31.2 at
+/// 4 KiB, 30.7-31.2 at 8 and 16 KiB; dev-2c, 2026-12-05).
+const PREFETCH_MIN: usize = 4096;
+
 /// A segment's scales as [`widen_scales`] lays them out, aligned so that a group's four (16
 /// bytes at a multiple of 16) read as one `__m128`.
 #[repr(C, align(32))]
@@ -130,7 +136,7 @@ segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni, red_vnni);
 /// (the last call's missing rows repeat its last row, their sums unused); the rows' scales are
 /// widened once per segment, their bias terms (Σ_g b_g·Σx_g) go into the same register as
 /// their products ([`bias_terms`]), and the packed bytes, scales and biases of the rows two
-/// passes ahead are prefetched (four rows read side by side lose the hardware prefetchers; one
+/// passes ahead (at least [`PREFETCH_MIN`] bytes) are prefetched (four rows read side by side lose the hardware prefetchers; one
 /// pass ahead decoded 3-4 % slower than the two-rows kernel). A pass's own cost counts: an
 /// expert's down projection has rows of 8 groups, where a bias dot product per row and slices
 /// recomputed per row took as long as the products (the 2048 × 512 kernel bench ran at 55 %
@@ -147,14 +153,15 @@ macro_rules! row_loop {
             assert!(a.packed.len() >= rows.end * rb && a.scales.len() >= rows.end * sbytes);
             assert!(a.biases.len() >= rows.end * sbytes);
             let (pk, sc, bi) = (a.packed.as_ptr(), a.scales.as_ptr(), a.biases.as_ptr());
-            let pf = 2 * ROWS * rb;
+            let pf = (2 * ROWS * rb).max(PREFETCH_MIN);
+            let ahead_rows = pf / rb;
             let mut st = Scales([0.0; ROWS * SEG_GROUPS + SCALE_PAD]);
             let mut r = rows.start;
             while r < rows.end {
                 let nr = ROWS.min(rows.end - r);
                 let at = [r, r + 1.min(nr - 1), r + 2.min(nr - 1), r + 3.min(nr - 1)];
                 for q in [sc, bi] {
-                    let ahead = q.wrapping_add((r + 2 * ROWS) * sbytes);
+                    let ahead = q.wrapping_add((r + ahead_rows) * sbytes);
                     for off in (0..nr * sbytes).step_by(64) {
                         // A hint only (it may pass the matrix).
                         _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
@@ -205,26 +212,32 @@ row_loop!(rows_vnni, "avx2,fma,f16c,avxvnni", seg_vnni);
 
 /// The four rows' group of `i..i + 8` from `src` (8 values of `float` at each), transposed:
 /// [groups i, i + 4 | i + 1, i + 5 | i + 2, i + 6 | i + 3, i + 7], each register [the rows' four
-/// of the first group | of the second].
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// of the first group | of the second]. Always inlined into the row loops, whose AVX2 it
+/// takes (as are [`widen_scales`] and [`bias_terms`]: called, they ran 16 % of a decode).
+///
+/// # Safety
+/// AVX2 must be present; each `src[i]` holds i + 8 elements.
+#[inline(always)]
 unsafe fn transpose8(float: DType, src: [*const u8; ROWS], i: usize) -> [__m256; 4] {
-    // SAFETY: each src holds i + 8 elements (caller).
-    let v = src.map(|s| unsafe { load8(float, s, i) });
-    let (t0, t1) = (
-        _mm256_unpacklo_ps(v[0], v[1]),
-        _mm256_unpackhi_ps(v[0], v[1]),
-    );
-    let (t2, t3) = (
-        _mm256_unpacklo_ps(v[2], v[3]),
-        _mm256_unpackhi_ps(v[2], v[3]),
-    );
-    [
-        _mm256_shuffle_ps::<0x44>(t0, t2),
-        _mm256_shuffle_ps::<0xEE>(t0, t2),
-        _mm256_shuffle_ps::<0x44>(t1, t3),
-        _mm256_shuffle_ps::<0xEE>(t1, t3),
-    ]
+    // SAFETY: each src holds i + 8 elements (caller); AVX2 is present where this inlines
+    // (the row loops).
+    unsafe {
+        let v = src.map(|s| load8(float, s, i));
+        let (t0, t1) = (
+            _mm256_unpacklo_ps(v[0], v[1]),
+            _mm256_unpackhi_ps(v[0], v[1]),
+        );
+        let (t2, t3) = (
+            _mm256_unpacklo_ps(v[2], v[3]),
+            _mm256_unpackhi_ps(v[2], v[3]),
+        );
+        [
+            _mm256_shuffle_ps::<0x44>(t0, t2),
+            _mm256_shuffle_ps::<0xEE>(t0, t2),
+            _mm256_shuffle_ps::<0x44>(t1, t3),
+            _mm256_shuffle_ps::<0xEE>(t1, t3),
+        ]
+    }
 }
 
 /// `k` scales of `float` of each of [`ROWS`] rows (`src[i]`) widened to f32 into `out` a
@@ -232,9 +245,8 @@ unsafe fn transpose8(float: DType, src: [*const u8; ROWS], i: usize) -> [__m256;
 /// zeros.
 ///
 /// # Safety
-/// Each `src[i]` holds k elements, `out` ROWS·k + SCALE_PAD floats.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// AVX2 must be present; each `src[i]` holds k elements, `out` ROWS·k + SCALE_PAD floats.
+#[inline(always)]
 unsafe fn widen_scales(float: DType, src: [*const u8; ROWS], k: usize, out: &mut [f32]) {
     let whole = k / 8 * 8;
     let o = out.as_mut_ptr();
@@ -262,9 +274,8 @@ unsafe fn widen_scales(float: DType, src: [*const u8; ROWS], k: usize, out: &mut
 /// Σx of group g (`sums`), in [`rows`]' layout: row i's terms in lanes i and 4 + i.
 ///
 /// # Safety
-/// Each `src[i]` holds k elements, `sums` k floats.
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
+/// AVX2 must be present; each `src[i]` holds k elements, `sums` k floats.
+#[inline(always)]
 unsafe fn bias_terms(
     float: DType,
     src: [*const u8; ROWS],
@@ -292,6 +303,6 @@ unsafe fn bias_terms(
             tail[i] = unsafe { scale_at(float, b, j).mul_add(*sums.add(j), tail[i]) };
         }
     }
-    // SAFETY: 8 floats.
-    _mm256_add_ps(acc, unsafe { _mm256_loadu_ps(tail.as_ptr()) })
+    // SAFETY: 8 floats; AVX2 is present where this inlines (the row loops).
+    unsafe { _mm256_add_ps(acc, _mm256_loadu_ps(tail.as_ptr())) }
 }
