@@ -119,77 +119,114 @@ pub(super) unsafe fn matmul_rows(
     assert!(x.bytes.len() >= ntg * nb * x.nd * 256 && x.coef.len() >= ntg * nb * x.nd * LANES);
     assert!(x.sums.len() >= ntg * ng * LANES && y.len() >= t * out && matches!(x.nd, 1 | 3));
     let rt = TILE_ROWS;
+    // Rows expanded a block at a time (about 32 KiB of bytes), each token group then run
+    // against the whole block: a chunk's activations (16 KiB a token group at n = 2048) are
+    // read once per block instead of once per tile of rows, so a long prompt's do not stream
+    // from L3 for every two rows.
+    let rb = (BLOCK_BYTES / n).max(rt) / rt * rt;
     ROWS.with_borrow_mut(|(wexp, sc)| {
-        if wexp.len() < rt * n {
-            wexp.resize(rt * n, 0);
+        if wexp.len() < rb * n {
+            wexp.resize(rb * n, 0);
         }
-        if sc.len() < 2 * rt * ng {
-            sc.resize(2 * rt * ng, 0.0);
+        if sc.len() < 2 * rb * ng {
+            sc.resize(2 * rb * ng, 0.0);
         }
-        let mut r0 = rows.start;
-        while r0 < rows.end {
-            let nr = rt.min(rows.end - r0);
-            for i in 0..nr {
-                let (p, s, b) = a.row(r0 + i);
+        let mut b0 = rows.start;
+        while b0 < rows.end {
+            let nbr = rb.min(rows.end - b0);
+            for i in 0..nbr {
+                let (p, s, b) = a.row(b0 + i);
                 // SAFETY: AVX2 is present; the row holds n/2 bytes, the buffer n per row.
                 unsafe { expand(p, &mut wexp[i * n..(i + 1) * n]) };
                 widen(a.float, s, &mut sc[i * ng..(i + 1) * ng]);
-                widen(a.float, b, &mut sc[(rt + i) * ng..(rt + i + 1) * ng]);
+                widen(a.float, b, &mut sc[(rb + i) * ng..(rb + i + 1) * ng]);
             }
-            let (sw, bw) = sc.split_at(rt * ng);
-            let w = Rows {
-                wexp,
-                sw,
-                bw,
-                n,
-                ng,
-                bpg: a.group / 32,
-            };
+            let (sw, bw) = sc.split_at(rb * ng);
             let mut tg = 0;
             while tg < ntg {
                 // Two token groups at once at int8 where two are left, else one.
                 let tgs = if x.nd == 1 && ntg - tg >= 2 { 2 } else { 1 };
-                // SAFETY: rows r0..r0+nr were expanded above; token groups tg..tg+tgs exist
-                // in x (asserted); the columns are ours (caller).
-                unsafe {
-                    // A whole tile of rows, or (a short last block) one row at a time.
-                    let whole = if nr == rt { rt } else { 0 };
-                    if whole > 0 {
-                        let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                        match (x.nd, vnni, tgs) {
-                            (1, false, 2) => tile_madd::<1, 2, 2, 2>(&w, &x, tg, &mut acc),
-                            (1, true, 2) => tile_vnni::<1, 2, 2, 2>(&w, &x, tg, &mut acc),
-                            (1, false, _) => tile_madd::<1, 2, 1, 2>(&w, &x, tg, &mut acc),
-                            (1, true, _) => tile_vnni::<1, 2, 1, 2>(&w, &x, tg, &mut acc),
-                            (_, false, _) => tile_madd::<3, 2, 1, 1>(&w, &x, tg, &mut acc),
-                            (_, true, _) => tile_vnni::<3, 2, 1, 1>(&w, &x, tg, &mut acc),
-                        }
-                        store(&acc, tg, tgs, t, out, y, r0, whole);
-                    }
-                    for i in whole..nr {
-                        let one = Rows {
-                            wexp: &w.wexp[i * n..],
-                            sw: &w.sw[i * ng..],
-                            bw: &w.bw[i * ng..],
-                            ..w
-                        };
-                        for g in tg..tg + tgs {
-                            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
-                            match (x.nd, vnni) {
-                                (1, false) => tile_madd::<1, 1, 1, 4>(&one, &x, g, &mut acc),
-                                (1, true) => tile_vnni::<1, 1, 1, 4>(&one, &x, g, &mut acc),
-                                (_, false) => tile_madd::<3, 1, 1, 2>(&one, &x, g, &mut acc),
-                                (_, true) => tile_vnni::<3, 1, 1, 2>(&one, &x, g, &mut acc),
-                            }
-                            store(&acc, g, 1, t, out, y, r0 + i, 1);
-                        }
-                    }
+                let mut i0 = 0;
+                while i0 < nbr {
+                    let nr = rt.min(nbr - i0);
+                    let w = Rows {
+                        wexp: &wexp[i0 * n..],
+                        sw: &sw[i0 * ng..],
+                        bw: &bw[i0 * ng..],
+                        n,
+                        ng,
+                        bpg: a.group / 32,
+                    };
+                    // SAFETY: rows b0+i0..b0+i0+nr were expanded above; token groups
+                    // tg..tg+tgs exist in x (asserted); the columns are ours (caller).
+                    unsafe { tile_rows(&w, &x, vnni, tg, tgs, nr, t, out, y, b0 + i0) };
+                    i0 += nr;
                 }
                 tg += tgs;
             }
-            r0 += nr;
+            b0 += nbr;
         }
     });
+}
+
+/// Expanded bytes of the rows [`matmul_rows`] takes at a time (rounded to whole tiles).
+const BLOCK_BYTES: usize = 32 << 10;
+
+/// Y's columns r0..r0+nr (nr ≤ [`TILE_ROWS`]) for token groups tg..tg+tgs from `w`'s first nr
+/// rows: a whole tile, or (a short last block) one row at a time.
+///
+/// # Safety
+/// As [`matmul_rows`]; `w` holds nr expanded rows, `x` the token groups.
+#[allow(clippy::too_many_arguments)]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_rows(
+    w: &Rows<'_>,
+    x: &Digits<'_>,
+    vnni: bool,
+    tg: usize,
+    tgs: usize,
+    nr: usize,
+    t: usize,
+    out: usize,
+    y: SharedMut<'_, f32>,
+    r0: usize,
+) {
+    let rt = TILE_ROWS;
+    // SAFETY: forwarded (caller); the features are present wherever `vnni` is set.
+    unsafe {
+        let whole = if nr == rt { rt } else { 0 };
+        if whole > 0 {
+            let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+            match (x.nd, vnni, tgs) {
+                (1, false, 2) => tile_madd::<1, 2, 2, 2>(w, x, tg, &mut acc),
+                (1, true, 2) => tile_vnni::<1, 2, 2, 2>(w, x, tg, &mut acc),
+                (1, false, _) => tile_madd::<1, 2, 1, 2>(w, x, tg, &mut acc),
+                (1, true, _) => tile_vnni::<1, 2, 1, 2>(w, x, tg, &mut acc),
+                (_, false, _) => tile_madd::<3, 2, 1, 1>(w, x, tg, &mut acc),
+                (_, true, _) => tile_vnni::<3, 2, 1, 1>(w, x, tg, &mut acc),
+            }
+            store(&acc, tg, tgs, t, out, y, r0, whole);
+        }
+        for i in whole..nr {
+            let one = Rows {
+                wexp: &w.wexp[i * w.n..],
+                sw: &w.sw[i * w.ng..],
+                bw: &w.bw[i * w.ng..],
+                ..*w
+            };
+            for g in tg..tg + tgs {
+                let mut acc = [[_mm256_setzero_ps(); 2]; 4];
+                match (x.nd, vnni) {
+                    (1, false) => tile_madd::<1, 1, 1, 4>(&one, x, g, &mut acc),
+                    (1, true) => tile_vnni::<1, 1, 1, 4>(&one, x, g, &mut acc),
+                    (_, false) => tile_madd::<3, 1, 1, 2>(&one, x, g, &mut acc),
+                    (_, true) => tile_vnni::<3, 1, 1, 2>(&one, x, g, &mut acc),
+                }
+                store(&acc, g, 1, t, out, y, r0 + i, 1);
+            }
+        }
+    }
 }
 
 /// A few rows expanded for the tile: `wexp` [rows, n] nibbles as bytes, `sw`/`bw` [rows, ng]
