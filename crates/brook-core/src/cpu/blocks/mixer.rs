@@ -14,6 +14,7 @@ use std::ops::Range;
 use crate::config::ModelConfig;
 use crate::cpu::blocks::exec::{Exec, XScratch};
 use crate::cpu::kernels::delta::{self, HeadRows};
+use crate::cpu::kernels::fpenv::FlushSubnormals;
 use crate::cpu::kernels::ops::{gated_rms_norm, mul_acc, rms_norm_scaled_inplace, silu_inplace};
 use crate::cpu::kernels::pool::{Chunks, SharedMut};
 use crate::error::{Error, Result};
@@ -344,6 +345,9 @@ fn delta_core(
     let eps_n = cfg.rms_norm_eps;
     let heads = Chunks::new(nv, 1);
     ex.pool.run(&|tid| {
+        // The decays drive products into the subnormals, which cost Intel cores a microcode
+        // assist each (kernels/fpenv.rs).
+        let _flush = FlushSubnormals::new();
         // SAFETY: thread `tid` owns scratch slot `tid`, and each head is claimed by one
         // thread only, so its state and output slices are too.
         let scratch = unsafe { ds.slice(tid * dper..(tid + 1) * dper) };

@@ -27,6 +27,7 @@ pub(crate) mod avx512_tiles;
 #[cfg(target_arch = "x86_64")]
 mod avx512_vnni_mm;
 pub mod delta;
+pub mod fpenv;
 pub mod ops;
 pub mod pool;
 pub mod qmatmul;
