@@ -31,9 +31,19 @@ impl FlushSubnormals {
             // SAFETY: stmxcsr stores the 32-bit control word into `saved`; ldmxcsr loads it
             // back with only FTZ and DAZ added, bits every x86-64 CPU defines.
             unsafe {
-                std::arch::asm!("stmxcsr [{}]", in(reg) &mut saved, options(nostack, preserves_flags));
+                let at = &mut saved;
+                std::arch::asm!(
+                    "stmxcsr [{}]",
+                    in(reg) at,
+                    options(nostack, preserves_flags),
+                );
                 let flushed = saved | FTZ_DAZ;
-                std::arch::asm!("ldmxcsr [{}]", in(reg) &flushed, options(nostack, readonly, preserves_flags));
+                let at = &flushed;
+                std::arch::asm!(
+                    "ldmxcsr [{}]",
+                    in(reg) at,
+                    options(nostack, readonly, preserves_flags),
+                );
             }
             FlushSubnormals { saved }
         }
@@ -53,7 +63,12 @@ impl Drop for FlushSubnormals {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: restores the control word read in `new`.
         unsafe {
-            std::arch::asm!("ldmxcsr [{}]", in(reg) &self.saved, options(nostack, readonly, preserves_flags));
+            let at = &self.saved;
+            std::arch::asm!(
+                "ldmxcsr [{}]",
+                in(reg) at,
+                options(nostack, readonly, preserves_flags),
+            );
         }
     }
 }
@@ -74,6 +89,9 @@ mod tests {
                 assert_eq!(r, 0.0, "flushed inside the guard");
             }
         }
-        assert!((tiny * half) > 0.0, "the previous mode back after the guard");
+        assert!(
+            (tiny * half) > 0.0,
+            "the previous mode back after the guard"
+        );
     }
 }
