@@ -136,8 +136,9 @@ segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni, red_vnni);
 /// (the last call's missing rows repeat its last row, their sums unused); the rows' scales are
 /// widened once per segment, their bias terms (Σ_g b_g·Σx_g) go into the same register as
 /// their products ([`bias_terms`]), and the packed bytes, scales and biases of the rows two
-/// passes ahead (at least [`PREFETCH_MIN`] bytes) are prefetched (four rows read side by side lose the hardware prefetchers; one
-/// pass ahead decoded 3-4 % slower than the two-rows kernel). A pass's own cost counts: an
+/// passes ahead (at least [`PREFETCH_MIN`] bytes) are prefetched (four rows read side by
+/// side lose the hardware prefetchers; one pass ahead decoded 3-4 % slower than the two-rows
+/// kernel). A pass's own cost counts: an
 /// expert's down projection has rows of 8 groups, where a bias dot product per row and slices
 /// recomputed per row took as long as the products (the 2048 × 512 kernel bench ran at 55 %
 /// of the 512 × 2048 one's speed). Defined twice, with and without AVX-VNNI, so the kernel
