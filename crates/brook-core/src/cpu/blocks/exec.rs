@@ -120,10 +120,10 @@ impl Exec<'_> {
         }
     }
 
-    /// [`Exec::linears`] for one token x [in] that also runs `then(i, rows, y)` on the thread
-    /// that computed rows `rows` of matrix `outs[i]`, with those rows of its output, right
-    /// after computing them: per-row work that would otherwise be a pool job of its own (the
-    /// DeltaNet's convolution of its projected channels).
+    /// [`Exec::linears`] for one token x (`in` floats) that also runs `then(i, rows, y)` on
+    /// the thread that computed rows `rows` of matrix `outs[i]`, with those rows of its
+    /// output, right after computing them: per-row work that would otherwise be a pool job of
+    /// its own (the DeltaNet's convolution of its projected channels).
     pub fn linears_then(
         &self,
         x: &[f32],

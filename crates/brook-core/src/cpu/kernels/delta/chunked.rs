@@ -96,7 +96,7 @@ fn mm<'x, const NR: usize>(
     }
 }
 
-/// out[d] = finish(d, out[d], Σ_{j < count} w(j)·rows[j][d]) for d < dv (rows of width dv),
+/// out[d] = finish(d, out[d], Σ_{j < count} w(j)·rows\[j\]\[d\]) for d < dv (rows of width dv),
 /// the sums kept in registers `W` columns at a time (twice [`mm`]'s `NR`).
 #[inline(always)]
 fn weighted_rows<const W: usize>(
