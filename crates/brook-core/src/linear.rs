@@ -402,7 +402,7 @@ impl LinearRef<'_> {
         }
     }
 
-    /// y[out] = W x for one input vector x[in].
+    /// y\[out\] = W x for one input vector x\[in\].
     pub fn forward(&self, x: &[f32], y: &mut [f32]) {
         self.forward_rows(x, y)
     }

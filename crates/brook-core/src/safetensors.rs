@@ -349,7 +349,7 @@ pub fn write(
     Ok(())
 }
 
-/// f32 values as little-endian bytes, for [`write`].
+/// f32 values as little-endian bytes, for [`write`](fn@write).
 pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }

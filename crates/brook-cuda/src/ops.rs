@@ -107,7 +107,7 @@ fn blocks_for(sms: usize, rows: usize, rw: usize, nvec: usize) -> u32 {
 }
 
 /// y[v, r] = W·x[v / xdiv] over the rows of m1 then m2, `nvec` vectors. With `sel` (a
-/// device array of expert ids), vector v uses the slot of expert sel[v] in the table `tab`.
+/// device array of expert ids), vector v uses the slot of expert sel\[v\] in the table `tab`.
 #[allow(clippy::too_many_arguments)]
 pub fn qmv(
     g: &Gpu,
@@ -178,7 +178,7 @@ pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
 /// The most vectors a block of `qmv_tcn` takes (kernels/tensor_n.cu: qmv_tcn2, 4 and 8).
 const TCN: usize = 8;
 
-/// [`qmv_stacked`] for `nvec` vectors (x[v] and y[v] one after another: `cols` and the
+/// [`qmv_stacked`] for `nvec` vectors (x\[v\] and y\[v\] one after another: `cols` and the
 /// stack's rows apart), each vector's outputs bit for bit those of [`qmv_stacked`] on it
 /// alone: the same kernel family with the same split of each row, the tensor-core kernel
 /// reading each weight tile once for up to eight vectors.
@@ -232,8 +232,8 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
 }
 
 /// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert
-/// sel[v] (rows of m1 then m2, through the slot table) times x[v / xdiv] into y[v, ·]; with
-/// `shared` rows, the shared expert's [gate; up] times x[0] into `ys`. With `swiglu`, m1
+/// sel\[v\] (rows of m1 then m2, through the slot table) times x\[v / xdiv\] into y[v, ·]; with
+/// `shared` rows, the shared expert's [gate; up] times x\[0\] into `ys`. With `swiglu`, m1
 /// and m2 (and the shared pair) are gate and up projections and the outputs are
 /// silu(gate·x)·(up·x): m1.rows values per vector.
 ///
@@ -365,7 +365,7 @@ pub fn moe_down_fits(down: &Mat, sdown: &Mat, k: usize) -> bool {
 }
 
 /// One token's MoE output in one launch (see kernels/matvec.cu `moe_down`): the down projections
-/// of the routed experts' SwiGLU outputs `h` ([k][I]) and the shared expert's `hs`, weighted
+/// of the routed experts' SwiGLU outputs `h` (\[k\]\[I\]) and the shared expert's `hs`, weighted
 /// by the router and the shared expert's sigmoid gate `sg`, into `out`. Check
 /// [`moe_down_fits`] first.
 ///

@@ -5,7 +5,7 @@
 //!   [`Limits::header_timeout`] of opening or of its previous response ending (hyper's
 //!   header-read timer, which also runs while a keep-alive connection sits idle).
 //! - **Body timeout**: a request body must arrive whole within [`Limits::body_timeout`]
-//!   ([`read_body`], a middleware; 408 otherwise), and is refused early (413) when its declared
+//!   (`read_body`, a middleware; 408 otherwise), and is refused early (413) when its declared
 //!   length or its bytes pass the body limit.
 //! - **Bodies in memory**: the bodies being received and handled at once hold at most four
 //!   times the body limit (64 MiB by default) between them, whatever the number of

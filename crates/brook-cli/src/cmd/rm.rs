@@ -10,7 +10,7 @@ use super::list::human;
 #[command(after_help = "Example:
   brook rm mlx-community/Qwen3-Next-80B-A3B-Instruct-4bit")]
 pub struct Args {
-    /// The model's name as `brook list` shows it (org/name[@revision] or a folder name).
+    /// The model's name as `brook list` shows it (org/name\[@revision\] or a folder name).
     name: String,
 }
 

@@ -206,7 +206,7 @@ impl<'m> CpuModel<'m> {
     }
 
     /// Feeds `tokens` through the model, advancing `state`, and returns the logits asked for
-    /// ([T, V], [V] or empty), exactly as [`Model::forward`] does: a shorthand for the driver
+    /// (\[T, V\], \[V\] or empty), exactly as [`Model::forward`] does: a shorthand for the driver
     /// ([`crate::engine::Forward`]) over this engine, for tests and benchmarks.
     pub fn forward(
         &mut self,

@@ -117,7 +117,7 @@ impl<'m> Forward<'m> {
         self.engine.new_state(reserve_tokens)
     }
 
-    /// Feeds `tokens` into `state` and returns the logits asked for: [T, V], [V] or empty.
+    /// Feeds `tokens` into `state` and returns the logits asked for: \[T, V\], \[V\] or empty.
     pub fn forward(
         &mut self,
         state: &mut SeqState,
@@ -212,6 +212,8 @@ impl<'m> Forward<'m> {
     /// checks, the context limit, placement), then one step, appending each part's logits to
     /// its `out`. A part whose checks fail is left out and reported in its `result`; if the
     /// step fails, every state in it starts afresh and each part reports the error.
+    ///
+    /// [`Caps`]: super::Caps
     pub fn step_parts(&mut self, parts: &mut [Part<'_>]) {
         let caps = self.engine.caps();
         let (vocab, context) = (self.engine.model().cfg.vocab_size, self.context);

@@ -4,8 +4,9 @@
 //! computes the same way: options -> [`open`] (the only place that picks a pass) -> a
 //! [`Forward`] driver that owns the shell every pass shares (token checks, the context
 //! limit, chunking, which logits to keep, placing the state on the host or a device,
-//! counting) -> an [`Engine`]'s per-step maths. The f32 reference ([`reference`]) is an engine
-//! like the CPU kernels (`crate::cpu::CpuModel`) and the CUDA backend (crate brook-cuda).
+//! counting) -> an [`Engine`]'s per-step maths. The f32 reference
+//! ([`reference`](mod@reference)) is an engine like the CPU kernels (`crate::cpu::CpuModel`)
+//! and the CUDA backend (crate brook-cuda).
 //!
 //! A [`Step`] carries several sequences, each with its own state and position, and may be
 //! told which experts each layer uses ([`Routing::Given`], a recorded routing replayed).

@@ -21,6 +21,8 @@ pub struct ExpertView<'a> {
 }
 
 /// Anything holding one expert's weights: an owned [`Expert`] or a cache slot.
+///
+/// [`Expert`]: crate::model::weights::Expert
 pub trait ExpertData: Send + Sync + std::fmt::Debug {
     /// Blocks until the weights are in memory; an I/O error surfaces here.
     fn wait(&self) -> Result<()> {

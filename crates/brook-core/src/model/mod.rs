@@ -34,7 +34,7 @@ use crate::model::weights::{DenseWeights, Loader};
 pub enum Logits {
     /// Every position: [T, V].
     All,
-    /// The last position only: [V].
+    /// The last position only: \[V\].
     Last,
     /// None (prefill whose logits are not needed).
     None,

@@ -49,7 +49,7 @@ pub fn route(w: &MoeWeights, cfg: &ModelConfig, x: &[f32]) -> Route {
     }
 }
 
-/// y[H] = down(silu(gate x) ⊙ up x).
+/// y\[H\] = down(silu(gate x) ⊙ up x).
 pub fn swiglu(e: ExpertView<'_>, x: &[f32], y: &mut [f32]) {
     let width = e.gate_proj.out_features;
     let mut g = vec![0.0; width];

@@ -1,7 +1,7 @@
 //! The sparse MoE block on the CPU kernels: router, top-k, routed and shared SwiGLU experts.
 //!
 //! Owns the block's scratch ([`MoeScratch`], sized once) and its schedule. For one token: the
-//! router alone (so streamed reads start), then one pool job ([`Schedule`]) in which the
+//! router alone (so streamed reads start), then one pool job (`Schedule`) in which the
 //! shared expert's gate/up and each routed expert's run as soon as they are in memory and each
 //! expert's down projection as soon as its activations are ready, into its own output row;
 //! the weighted sum is taken in slot order after. For a chunk
@@ -41,7 +41,7 @@ pub struct SwigluScratch {
     hp: XPrep,
 }
 
-/// y [H] = down(silu(gate x) ⊙ up x) for one expert on the calling thread (as
+/// y \[H\] = down(silu(gate x) ⊙ up x) for one expert on the calling thread (as
 /// [`crate::model::moe::swiglu`]). Buffers in `scratch` grow to the expert's width once.
 pub fn expert_swiglu(
     level: SimdLevel,

@@ -140,8 +140,8 @@ fn update_row<S: StateCell>(row: &mut [S], delta: &[f32], ki: f32, alpha: f32) {
 }
 
 simd_fn! {
-    /// One token: S [dk, dv] ← e^g·S + k δᵀ with δ = β(v − e^g·Sᵀk); o [dv] = Sᵀq after the
-    /// update. Done [`STEP_COLS`] value columns at a time, row after row: u = Sᵀk and w = Sᵀq
+    /// One token: S \[dk, dv\] ← e^g·S + k δᵀ with δ = β(v − e^g·Sᵀk); o \[dv\] = Sᵀq after the
+    /// update. Done `STEP_COLS` value columns at a time, row after row: u = Sᵀk and w = Sᵀq
     /// gather in two accumulators while S streams in (whole 512-byte rows at dv = 128, which the
     /// hardware prefetcher follows; 16-column blocks, a 64-byte line per row 512 bytes apart,
     /// ran the 35B's 30 × 2 MiB of state at about half the memory's rate), then S is updated

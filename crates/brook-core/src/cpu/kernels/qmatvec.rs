@@ -531,7 +531,7 @@ fn affine_rows(a: &Affine<'_>, xp: &XPrep, y: &mut [f32], rows: Range<usize>) {
     }
 }
 
-/// Writes row `r` of W, dequantized (s·q + β, as the reference), into `out` [in].
+/// Writes row `r` of W, dequantized (s·q + β, as the reference), into `out` \[in\].
 ///
 /// `w` must have passed [`check`]. Used for embedding lookups and by the prefill matmul.
 pub fn dequant_row(w: &LinearRef<'_>, r: usize, out: &mut [f32]) {

@@ -141,7 +141,7 @@ fn weighted_rows<const W: usize>(
 /// the pseudo-values v' solve a unit lower-triangular system within the chunk, outputs
 /// combine the entering state with intra-chunk attention, and S advances once per chunk.
 /// The products with the state (S₀ᵀk, S₀ᵀq, the update Σ k v'ᵀ) and the chunk's k·k and
-/// q·k run as register-blocked matrix products ([`mm`]); the triangular solve and the
+/// q·k run as register-blocked matrix products (`mm`); the triangular solve and the
 /// outputs sum rows of v' in registers. Writes o [t, dv]; `scratch` holds
 /// [`chunked_scratch`] floats.
 pub fn chunked(
