@@ -367,20 +367,17 @@ macro_rules! tile_kernel {
                             }
                         }
                     }
-                    if (blk + 1) & (w.bpg - 1) == 0 && D == 1 {
-                        for j in 0..TG {
-                            for r in 0..R {
-                                let s = _mm256_set1_ps(*w.sw.get_unchecked(r * w.ng + g));
-                                out[r][j] = _mm256_fmadd_ps(pg[r][j], s, out[r][j]);
-                            }
-                        }
-                    }
                     if (blk + 1) & (w.bpg - 1) == 0 {
-                        // The group's MLX bias term, β·Σx.
+                        // The group's int8 sums scaled (Split24's were, per block), then its
+                        // MLX bias term, β·Σx.
                         for j in 0..TG {
                             let sx = x.sums.as_ptr().add(((tg + j) * w.ng + g) * LANES);
                             let sx = _mm256_loadu_ps(sx);
                             for r in 0..R {
+                                if D == 1 {
+                                    let s = _mm256_set1_ps(*w.sw.get_unchecked(r * w.ng + g));
+                                    out[r][j] = _mm256_fmadd_ps(pg[r][j], s, out[r][j]);
+                                }
                                 let b = _mm256_set1_ps(*w.bw.get_unchecked(r * w.ng + g));
                                 out[r][j] = _mm256_fmadd_ps(b, sx, out[r][j]);
                             }
