@@ -15,6 +15,8 @@ mod avx2_int8;
 #[cfg(target_arch = "x86_64")]
 mod avx2_int_mm;
 #[cfg(target_arch = "x86_64")]
+mod avx2_mm;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
 #[cfg(target_arch = "x86_64")]
 mod avx512_attention;

@@ -78,8 +78,9 @@ impl Shared {
         true
     }
 
-    /// Runs every share of job `epoch` this thread can claim, its own (`me`) first, and
-    /// returns the first panic of one of them.
+    /// Runs every share of job `epoch` this thread can claim, its own (`me`) first. The
+    /// caller (`me` = 0) gets the first panic of one of them back; a worker's panic sets
+    /// `panicked` before its share counts as done.
     fn run_shares(&self, me: usize, epoch: u64) -> Option<Box<dyn std::any::Any + Send>> {
         let n = self.shares.len();
         let mut first_panic = None;
@@ -98,7 +99,13 @@ impl Shared {
                 // SAFETY: see above; the pointee outlives this call.
                 let f = unsafe { &*job };
                 if let Err(p) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(t))) {
-                    first_panic.get_or_insert(p);
+                    if me == 0 {
+                        first_panic.get_or_insert(p);
+                    } else {
+                        // Before the share counts as done: once the last one does, the
+                        // caller may look.
+                        self.panicked.store(true, Ordering::SeqCst);
+                    }
                 }
             }
             // SeqCst against the caller's `caller_sleeping` store then `done` load: one of
@@ -275,9 +282,7 @@ fn worker(s: &Shared, index: usize) {
         }
         // The newest job: shares of one that already ended can no longer be claimed.
         seen = s.epoch.load(Ordering::Acquire);
-        if s.run_shares(index, seen).is_some() {
-            s.panicked.store(true, Ordering::SeqCst);
-        }
+        s.run_shares(index, seen);
     }
 }
 

@@ -31,8 +31,9 @@ pub struct XBatch {
     level: Option<SimdLevel>,
     t: usize,
     n: usize,
-    x: Vec<f32>,     // [t, n]
-    lanes: Vec<f32>, // [t, npad]: each row in the 4-bit lane order of `level`
+    x: Vec<f32>,      // [t, n]
+    lanes: Vec<f32>,  // [t, npad]: each row in the 4-bit lane order of `level`
+    panels: Vec<f32>, // AVX2: [⌈t/8⌉, npad, 8], the lane order's panels of eight tokens
     npad: usize,
     nd: usize,       // digits per element in `digits`: 0 (none), 1 (Fast) or 3 (Split24)
     digits: Vec<i8>, // [t, n/32, nd, 32]: each 32-block's digits in element order
@@ -88,6 +89,7 @@ impl XBatch {
         self.x.extend_from_slice(&x[..t * n]);
         let lanes = lanes_of(level);
         self.lanes.clear();
+        self.panels.clear();
         // With digits, every 4-bit matrix the lane order serves takes the integer tile.
         if lanes == 0 || self.nd > 0 {
             self.npad = n;
@@ -95,6 +97,11 @@ impl XBatch {
         }
         let block = lanes * 8;
         self.npad = n.div_ceil(block) * block;
+        #[cfg(target_arch = "x86_64")]
+        if level == SimdLevel::Avx2 && level.is_supported() {
+            super::avx2_mm::prepare(&x[..t * n], t, n, self.npad, &mut self.panels);
+            return;
+        }
         self.lanes.resize(t * self.npad, 0.0);
         for (xr, out) in x
             .chunks_exact(n)
@@ -198,7 +205,7 @@ pub unsafe fn matmul_rows(
     // A tiled matrix off the VNNI path takes rows dequantized in natural order.
     let lane_order = matches!(w.mat, MatRef::Affine { spec, order: Order::Rows, .. } if spec.bits == 4)
         && lanes_of(level) > 0
-        && !xb.lanes.is_empty()
+        && !(xb.lanes.is_empty() && xb.panels.is_empty())
         && xb.npad <= TILE;
     let (xs, stride) = if lane_order {
         (&xb.lanes[..], xb.npad)
@@ -207,13 +214,37 @@ pub unsafe fn matmul_rows(
     };
     TILE_BUF.with_borrow_mut(|buf| {
         // Kept per thread: a fresh zeroed 128 KiB array per call cost 7% of a prefill.
-        let need = TILE.max(stride) + SCALE_BUF;
+        let need = if xb.panels.is_empty() {
+            TILE.max(stride)
+        } else {
+            avx2_tile_len(stride)
+        } + SCALE_BUF;
         if buf.len() < need {
             buf.resize(need, 0.0);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if lane_order && !xb.panels.is_empty() {
+            let at = buf.len() - SCALE_BUF;
+            let (tile, sbuf) = buf.split_at_mut(at);
+            // SAFETY: panels are only prepared where AVX2 runs; `w` is a 4-bit row-order
+            // matrix that passed `check`, the panels hold t tokens of npad ≥ n and Y t·out
+            // elements (asserted above); the caller gave us columns `rows` alone.
+            unsafe {
+                super::avx2_mm::matmul_rows(w, &xb.panels, xb.npad, t, out, y, rows, tile, sbuf)
+            };
+            return;
         }
         // SAFETY: forwarded from our caller.
         unsafe { blocked(level, w, xs, stride, lane_order, t, out, y, rows, buf) };
     });
+}
+
+/// The AVX2 panel tile's weight tile for rows of `npad`.
+fn avx2_tile_len(npad: usize) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    return super::avx2_mm::tile_len(npad);
+    #[cfg(not(target_arch = "x86_64"))]
+    npad
 }
 
 thread_local! {
@@ -392,9 +423,12 @@ pub fn qmatmul_pool_at(
     check_shapes(w, x, y)?;
     xb.prepare_with(level, precision, x, w.in_features);
     let (ys, xb) = (SharedMut::new(y), &*xb);
-    let chunks = Chunks::new(w.out_features, 16);
+    // Long runs first, as the engine claims them (`Exec::linears`), in units of 16 rows so
+    // every run starts where a single thread's 16-row blocks do.
+    let chunks = Chunks::guided(w.out_features.div_ceil(16), pool.threads(), 1);
     pool.run(&|_| {
-        while let Some(rows) = chunks.claim() {
+        while let Some(u) = chunks.claim() {
+            let rows = u.start * 16..(u.end * 16).min(w.out_features);
             // SAFETY: each chunk of rows (columns of Y) is claimed by one thread only.
             unsafe { matmul_rows(level, w, xb, ys, rows) };
         }

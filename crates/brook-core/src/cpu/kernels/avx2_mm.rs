@@ -1,0 +1,176 @@
+//! The AVX2 f32 prefill tile (exact precision, 4-bit rows): Y = X Wᵀ in outer-product form.
+//!
+//! The batch is prepared once as panels of eight tokens: panel p holds, for each element k of
+//! the 4-bit lane order ([`super::qmatmul::XBatch`]), tokens 8p..8p+8's values in one 32-byte
+//! vector. A block of weight rows is unpacked to f32 in the same lane order (as the dot-product
+//! tile did), and the kernel broadcasts one weight of each of up to six rows and multiplies it
+//! with two panels' vectors: twelve accumulators, each (row, eight tokens), two loads and six
+//! broadcasts per twelve FMAs. The dot-product form it replaces loaded a weight and a token
+//! vector for every FMA pair from L2 and ran at a third of the FMA ports' rate.
+//!
+//! Every (row, token) sum runs over the elements in the same order, one FMA each, whatever
+//! the chunk's size, the token's place in it or the rows beside it: the tile is
+//! batch-invariant.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use crate::cpu::kernels::pool::SharedMut;
+use crate::linear::LinearRef;
+
+/// Tokens in a panel (one f32 vector).
+pub(super) const PANEL: usize = 8;
+/// Rows of one kernel call.
+const MR: usize = 6;
+/// Row groups of one block (its rows stay in L2 while every panel passes).
+const GROUPS: usize = 8;
+/// Elements of a panel chunk every row group of a block takes before the next (2 × 8 KiB).
+const KB: usize = 256;
+
+/// f32 elements of the weight tile for rows of `npad`: a block of GROUPS·MR rows, at most
+/// 384 KiB.
+pub(super) fn tile_len(npad: usize) -> usize {
+    (GROUPS * MR * npad).min(96 * 1024).max(npad)
+}
+
+/// Writes x [t, n] into `panels` as ⌈t/8⌉ panels of [npad][8]: element k of the 4-bit lane
+/// order (64-element blocks; position 8·kk + j holds element 8·j + kk), zero past n and
+/// past the last token.
+pub(super) fn prepare(x: &[f32], t: usize, n: usize, npad: usize, panels: &mut Vec<f32>) {
+    let np = t.div_ceil(PANEL);
+    panels.clear();
+    panels.resize(np * npad * PANEL, 0.0);
+    for (p, panel) in panels.chunks_exact_mut(npad * PANEL).enumerate() {
+        for j in 0..PANEL.min(t - p * PANEL) {
+            let xr = &x[(p * PANEL + j) * n..][..n];
+            for (b, blk) in xr.chunks(64).enumerate() {
+                let out = &mut panel[b * 64 * PANEL..];
+                for (i, &v) in blk.iter().enumerate() {
+                    let pos = (i % 8) * 8 + i / 8;
+                    out[pos * PANEL + j] = v;
+                }
+            }
+        }
+    }
+}
+
+/// Y's columns `rows` for the t tokens of `panels` (prepared by [`prepare`] at `npad`), with
+/// `tile` (≥ npad f32) and `sbuf` as [`super::avx2::unpack_row`]'s buffers.
+///
+/// # Safety
+/// AVX2 and FMA must be present. `w` must be a 4-bit affine matrix in row order that passed
+/// [`super::qmatvec::check`], `panels` hold ⌈t/8⌉ panels of npad ≥ in_features elements, `y`
+/// t·out elements, and no other thread touch Y's columns `rows` meanwhile.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn matmul_rows(
+    w: &LinearRef<'_>,
+    panels: &[f32],
+    npad: usize,
+    t: usize,
+    out: usize,
+    y: SharedMut<'_, f32>,
+    rows: Range<usize>,
+    tile: &mut [f32],
+    sbuf: &mut [f32],
+) {
+    let np = t.div_ceil(PANEL);
+    assert!(panels.len() >= np * npad * PANEL && y.len() >= t * out && rows.end <= out);
+    let rb = (tile.len() / npad).clamp(1, GROUPS * MR);
+    let rb = if rb >= MR { rb / MR * MR } else { rb };
+    let mut r0 = rows.start;
+    while r0 < rows.end {
+        let nr = rb.min(rows.end - r0);
+        for i in 0..nr {
+            // SAFETY: forwarded (4-bit lane order; the tile holds nr rows of npad).
+            unsafe { super::avx2::unpack_row(w, r0 + i, true, &mut tile[i * npad..], sbuf) };
+        }
+        let mut p = 0;
+        while p < np {
+            let pp = if np - p >= 2 { 2 } else { 1 };
+            let x = panels[p * npad * PANEL..].as_ptr();
+            let mut acc = [[[0.0f32; 2 * PANEL]; MR]; GROUPS];
+            // A chunk of the panels' elements stays in L1 while every row group of the block
+            // takes it; each (row, token) sum still runs over the elements in order.
+            let mut k0 = 0;
+            while k0 < npad {
+                let k1 = (k0 + KB).min(npad);
+                for (gi, acc) in acc.iter_mut().enumerate().take(nr.div_ceil(MR)) {
+                    let i = gi * MR;
+                    let rr = MR.min(nr - i);
+                    let wp = tile[i * npad..].as_ptr();
+                    // SAFETY: the tile holds rows i..i+rr of npad elements and the panels pp
+                    // panels of npad from p (asserted above); AVX2 and FMA are present.
+                    unsafe {
+                        match (rr, pp) {
+                            (6, 2) => kernel::<6, 2>(wp, npad, x, npad, k0..k1, acc),
+                            (6, _) => kernel::<6, 1>(wp, npad, x, npad, k0..k1, acc),
+                            (5, 2) => kernel::<5, 2>(wp, npad, x, npad, k0..k1, acc),
+                            (5, _) => kernel::<5, 1>(wp, npad, x, npad, k0..k1, acc),
+                            (4, 2) => kernel::<4, 2>(wp, npad, x, npad, k0..k1, acc),
+                            (4, _) => kernel::<4, 1>(wp, npad, x, npad, k0..k1, acc),
+                            (3, 2) => kernel::<3, 2>(wp, npad, x, npad, k0..k1, acc),
+                            (3, _) => kernel::<3, 1>(wp, npad, x, npad, k0..k1, acc),
+                            (2, 2) => kernel::<2, 2>(wp, npad, x, npad, k0..k1, acc),
+                            (2, _) => kernel::<2, 1>(wp, npad, x, npad, k0..k1, acc),
+                            (_, 2) => kernel::<1, 2>(wp, npad, x, npad, k0..k1, acc),
+                            _ => kernel::<1, 1>(wp, npad, x, npad, k0..k1, acc),
+                        }
+                    }
+                }
+                k0 = k1;
+            }
+            let tokens = (t - p * PANEL).min(pp * PANEL);
+            for i in 0..nr {
+                for (b, &v) in acc[i / MR][i % MR].iter().enumerate().take(tokens) {
+                    // SAFETY: column r0+i belongs to `rows`, which the caller gave to us
+                    // alone; the index is inside Y (asserted above).
+                    unsafe { y.write((p * PANEL + b) * out + r0 + i, v) };
+                }
+            }
+            p += pp;
+        }
+        r0 += nr;
+    }
+}
+
+/// acc[r][8q + j] += Σ_{k ∈ ks} w[r·ws + k] · x[q·8·n + 8k + j] for r < R, q < P, one FMA
+/// per k in order.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kernel<const R: usize, const P: usize>(
+    w: *const f32,
+    ws: usize,
+    x: *const f32,
+    n: usize,
+    ks: Range<usize>,
+    acc: &mut [[f32; 2 * PANEL]; MR],
+) {
+    let mut a = [[_mm256_setzero_ps(); P]; R];
+    // SAFETY: the caller guarantees R rows of ≥ ks.end weights at stride ws and P panels of
+    // n ≥ ks.end.
+    unsafe {
+        for (ar, acc) in a.iter_mut().zip(acc.iter()) {
+            for (q, v) in ar.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(acc.as_ptr().add(q * PANEL));
+            }
+        }
+        for k in ks {
+            let mut xv = [_mm256_setzero_ps(); P];
+            for (q, v) in xv.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(x.add(q * n * PANEL + k * PANEL));
+            }
+            for (r, ar) in a.iter_mut().enumerate() {
+                let b = _mm256_broadcast_ss(&*w.add(r * ws + k));
+                for (q, v) in ar.iter_mut().enumerate() {
+                    *v = _mm256_fmadd_ps(b, xv[q], *v);
+                }
+            }
+        }
+        for (ar, out) in a.iter().zip(acc.iter_mut()) {
+            for (q, v) in ar.iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(q * PANEL), *v);
+            }
+        }
+    }
+}
