@@ -120,12 +120,15 @@ pub(super) unsafe fn matmul_rows(
                 }
                 k0 = k1;
             }
-            let tokens = (t - p * PANEL).min(pp * PANEL);
-            for i in 0..nr {
-                for (b, &v) in acc[i / MR][i % MR].iter().enumerate().take(tokens) {
-                    // SAFETY: column r0+i belongs to `rows`, which the caller gave to us
-                    // alone; the index is inside Y (asserted above).
-                    unsafe { y.write((p * PANEL + b) * out + r0 + i, v) };
+            // Token by token, each a run of consecutive columns (row by row, every store
+            // went to another token's row: 6 % of the tile's time).
+            for b in 0..(t - p * PANEL).min(pp * PANEL) {
+                let at = (p * PANEL + b) * out + r0;
+                // SAFETY: columns r0..r0+nr belong to `rows`, which the caller gave to us
+                // alone; `slice` checks they are inside Y.
+                let yr = unsafe { y.slice(at..at + nr) };
+                for (i, v) in yr.iter_mut().enumerate() {
+                    *v = acc[i / MR][i % MR][b];
                 }
             }
             p += pp;
