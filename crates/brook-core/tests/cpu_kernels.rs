@@ -228,6 +228,42 @@ fn quantized_and_float_matmul_match_reference_for_token_chunks() {
     }
 }
 
+/// AVX2's exact prefill tile sums each (row, token) one FMA per element in element order, so
+/// a token's outputs have the same bits whatever chunk it comes in: alone, first or last, in a
+/// full panel of eight or a partial one, beside any rows (docs/CPU.md).
+#[test]
+fn avx2_exact_tile_gives_each_token_the_same_bits_in_any_chunk() {
+    if !SimdLevel::Avx2.is_supported() {
+        return;
+    }
+    let mut rng = Rng::new(31);
+    let pool = CpuPool::new(3);
+    for (out, inp, group) in [(53, 512, 64), (13, 2080, 32), (100, 384, 128)] {
+        let fmt = Format::Affine {
+            bits: 4,
+            group,
+            float: DType::BF16,
+        };
+        let w = random_linear(&mut rng, out, inp, fmt);
+        let t = 37;
+        let x = rng.vec(t * inp, 1.0);
+        let mut whole = vec![0.0; t * out];
+        let mut xb = XBatch::new();
+        qmatmul_pool(&pool, SimdLevel::Avx2, &w.view(), &x, &mut whole, &mut xb).expect("mm");
+        for (a, b) in [(0, 1), (36, 37), (3, 20), (8, 16), (5, 37), (0, 9)] {
+            let mut part = vec![f32::NAN; (b - a) * out];
+            let xs = &x[a * inp..b * inp];
+            qmatmul(SimdLevel::Avx2, &w.view(), xs, &mut part, &mut xb).expect("mm");
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&part),
+                bits(&whole[a * out..b * out]),
+                "[{out}, {inp}] g{group}: tokens {a}..{b} alone"
+            );
+        }
+    }
+}
+
 #[test]
 fn pooled_matvec_equals_single_thread_for_any_thread_count() {
     let mut rng = Rng::new(7);

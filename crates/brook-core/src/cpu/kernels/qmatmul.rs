@@ -4,7 +4,8 @@
 //! is unpacked once into an f32 tile on the stack (≤ 128 KiB, so it stays in L2) and then
 //! multiplied with every token of the chunk by a register-tiled 4×4 (rows × tokens) kernel.
 //! 4-bit rows are unpacked in the same lane order as the x86 matvec and the tokens are
-//! permuted to match, so no interleave is needed. At [`Precision::Split24`] and
+//! permuted to match, so no interleave is needed. On AVX2 the tokens are prepared as panels
+//! of eight instead and 4-bit rows take the outer-product tile of `avx2_mm.rs`. At [`Precision::Split24`] and
 //! [`Precision::Fast`] on AVX-512 VNNI, 4-bit matrices instead take the integer tile of
 //! `avx512_vnni_mm.rs` on the batch's activation digits. It must not allocate per call for
 //! widths up to 32768 or know about models. It mirrors [`crate::linear::LinearRef::forward_rows`], which
