@@ -250,7 +250,18 @@ fn avx2_exact_tile_gives_each_token_the_same_bits_in_any_chunk() {
         let mut whole = vec![0.0; t * out];
         let mut xb = XBatch::new();
         qmatmul_pool(&pool, SimdLevel::Avx2, &w.view(), &x, &mut whole, &mut xb).expect("mm");
-        for (a, b) in [(0, 1), (36, 37), (3, 20), (8, 16), (5, 37), (0, 9), (2, 14), (10, 21)] {
+        // Alone, first and last; partial panels of 1, 3, 4 and 1 tokens; whole panels.
+        let parts = [
+            (0, 1),
+            (36, 37),
+            (3, 20),
+            (8, 16),
+            (5, 37),
+            (0, 9),
+            (2, 14),
+            (10, 21),
+        ];
+        for (a, b) in parts {
             let mut part = vec![f32::NAN; (b - a) * out];
             let xs = &x[a * inp..b * inp];
             qmatmul(SimdLevel::Avx2, &w.view(), xs, &mut part, &mut xb).expect("mm");
