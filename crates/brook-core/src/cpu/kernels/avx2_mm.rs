@@ -5,8 +5,9 @@
 //! vector. A block of weight rows is unpacked to f32 in the same lane order (as the dot-product
 //! tile did), and the kernel broadcasts one weight of each of up to six rows and multiplies it
 //! with two panels' vectors: twelve accumulators, each (row, eight tokens), two loads and six
-//! broadcasts per twelve FMAs. The dot-product form it replaces loaded a weight and a token
-//! vector for every FMA pair from L2 and ran at a third of the FMA ports' rate.
+//! broadcasts per twelve FMAs. The dot-product form it replaces loaded a weight vector and
+//! four token vectors from L2 per eight FMAs (2048 × 2048 × 512 tokens on one core: 29
+//! Gelem/s, against 39-45 for this one; docs/bench/2026-12-06.md).
 //!
 //! Every (row, token) sum runs over the elements in the same order, one FMA each, whatever
 //! the chunk's size, the token's place in it or the rows beside it: the tile is
