@@ -213,18 +213,20 @@ pub unsafe fn matmul_rows(
     } else {
         (&xb.x[..], n)
     };
+    // AVX2's batch comes as panels of eight tokens (no lane-order rows), for its own tile.
+    let panels = lane_order && !xb.panels.is_empty();
     TILE_BUF.with_borrow_mut(|buf| {
         // Kept per thread: a fresh zeroed 128 KiB array per call cost 7% of a prefill.
-        let need = if xb.panels.is_empty() {
-            TILE.max(stride)
-        } else {
+        let need = if panels {
             avx2_tile_len(stride)
+        } else {
+            TILE.max(stride)
         } + SCALE_BUF;
         if buf.len() < need {
             buf.resize(need, 0.0);
         }
         #[cfg(target_arch = "x86_64")]
-        if lane_order && !xb.panels.is_empty() {
+        if panels {
             let at = buf.len() - SCALE_BUF;
             let (tile, sbuf) = buf.split_at_mut(at);
             // SAFETY: panels are only prepared where AVX2 runs; `w` is a 4-bit row-order
