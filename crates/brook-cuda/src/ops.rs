@@ -51,9 +51,10 @@ fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
 }
 
 /// Shared memory of the tensor-core kernels for `nvec` vectors of `cols` activations: the B
-/// fragments (three bf16 parts, 6 bytes a value) and the sums per 64 columns.
+/// fragments (33 uint4 a chunk of 128 columns: four signed-byte digits a value and a power
+/// of two per 64 columns, tensor.cu `TC_CHUNK_U4`) and the sums per 64 columns.
 fn tc_smem(cols: usize, nvec: usize) -> usize {
-    nvec * (cols * 6 + cols / 64 * 4)
+    nvec * (cols / 128 * 33 * 16 + cols / 64 * 4)
 }
 
 /// Warps per tile of the tensor-core kernels (at most `max`, a power of two): the tile's
@@ -546,8 +547,8 @@ mod tests {
             ),
             "unaligned scales"
         );
-        // Three bf16 parts per value and one sum per 64.
-        assert_eq!(tc_smem(2048, 1), 2048 * 6 + 32 * 4);
+        // 33 uint4 a chunk of 128 values and one sum per 64.
+        assert_eq!(tc_smem(2048, 1), 16 * 528 + 32 * 4);
         assert_eq!(down_tc_warps(8), 9);
         // H200 (132 SMs): the head needs no split; the 35B's DeltaNet projections (772
         // tiles) take 4 warps a tile, its output projection (128 tiles of 4096) 8, and the

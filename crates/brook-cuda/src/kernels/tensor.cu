@@ -3,72 +3,72 @@
 // width that is a multiple of 512 (TCU chunks of 128). Ampere and later; the host checks
 // (ops.rs `tc_fits`).
 //
-// Still exact f32 arithmetic, not a lossy path:
-// - an activation splits into three bf16 parts, x = x₁ + x₂ + x₃ with no rounding (each part
-//   takes the next 8 significant bits of x's 24; x − RN(x) is exact in f32);
-// - a code q, centred as q − 8 ∈ [−8, 7], is exact in bf16, and so is each product
-//   (q − 8)·x_p (4 × 8 bits), which the tensor core sums in f32;
-// - w = s·q + b = s·(q − 8) + (b + 8s), so a row's product is
-//   Σ_groups s·Σ(q − 8)·x + (b + 8s)·Σx, the group sums of x taken once per block.
-// One m16n8k16 mma multiplies 16 rows × 16 codes by the three parts in columns 0..2 of B
-// (columns 3..7 are zero), so the rounding is that of f32 sums, as on the CUDA cores (the
-// tests hold both paths to the same bound against the reference). The win is the decoding:
-// a bf16 pair of codes costs a shift, a mask-and-OR into 128's mantissa and one bf16x2 FMA,
-// against a byte permute, a subtraction and an FMA per code on the CUDA cores, which made
-// those kernels issue-bound (docs/BENCH.md).
+// Exact integer products, rounded only where f32 sums round:
+// - each 64 activations of a vector share a power of two m (|x| < 2^23·m for all of them),
+//   and x = m·X with X an integer of at most 24 bits (Split24, as the CPU's VNNI kernels:
+//   below half an f32 ulp of the block's largest value), written as four signed bytes;
+// - a code q ∈ [0, 15] is an unsigned byte, so one m16n8k32 integer mma multiplies 16 rows ×
+//   32 codes by the four digit rows in columns 0..3 of B (4..7: zero, or a second vector)
+//   and sums them exactly in 32-bit integers;
+// - w = s·q + b, so a row's product is Σ_groups s·m·Σq·X + b·Σx, the sums of x per 64
+//   columns taken once per block, and the digit sums meet in f32 (one rounding per lane).
+// The win is the decoding: a word of eight codes becomes the two byte registers of an mma's
+// A by two masks and a shift (0.4 instructions a code; the bf16 form this replaced took 1.5,
+// which left the many-token kernels issue-bound: docs/BENCH.md), and an mma takes 32 codes.
 //
 // Layout. A row's codes are taken 128 columns (16 words, a "chunk") at a time; lane
 // (g = lane / 4, t = lane % 4) of a warp reads words h·8 + 2t and h·8 + 2t + 1 (h = 0, 1:
 // the chunk's two halves, each inside one group) of rows g and g + 8 of its 16-row tile.
-// Word W's codes n = 0..7 are columns 8W + n; the pair register R_j = (code j, code j + 4).
-// The mma for (h, i, e) (word i of the pair, e = 0, 1) takes A = {R_2e(row g), R_2e(row
-// g + 8), R_2e+1(row g), R_2e+1(row g + 8)}, so B must hold, for lane (p, t), part p of
-// x at columns 8W + (2e, 2e + 4) and 8W + (2e + 1, 2e + 5): `tc_stage` writes exactly those
-// pairs, as uint4 (e = 0 then e = 1) at [chunk][q = 2h + i][part p][t].
+// Word W's codes n = 0..7 are columns 8W + n (nibble n). The mma for (h, i) (word i of
+// the lane's two) takes A = {W & 0x0F0F0F0F (codes 0, 2, 4, 6) of rows g, g + 8, then
+// (W >> 4) & 0x0F0F0F0F (codes 1, 3, 5, 7) of rows g, g + 8}, so B must hold, for lane
+// (p, t), digit p of x at columns 8W + 2j and 8W + 2j + 1 (j = 0..3): `tc_stage` writes
+// exactly those bytes, as uint2 at [chunk][q = 2h + i][digit p][t].
 
 #define TCU 4                       // chunks a warp loads before it computes them
-#define TC_CHUNK_U4 48              // uint4 of B fragments per chunk: 4 q × 3 parts × 4 t
+#define TC_CHUNK_U4 33              // uint4 a chunk of B: 4 q × 4 digits × 4 t uint2, m_0, m_1
 
 #if __CUDA_ARCH__ >= 800
-__device__ __forceinline__ u32 bf16_rn(float x) {
-    unsigned short h;
-    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
-    return h;
-}
-
-__device__ __forceinline__ float bf16_f(u32 h) { return __uint_as_float(h << 16); }
-
-// x = a + b + c exactly, each a bf16 (in the low 16 bits).
-__device__ __forceinline__ void split3(float x, u32& a, u32& b, u32& c) {
-    a = bf16_rn(x);
-    float r = x - bf16_f(a);
-    b = bf16_rn(r);
-    c = bf16_rn(r - bf16_f(b));
-}
-
-// The bf16 pair (q_j − 8, q_{j+4} − 8) of the eight 4-bit codes of w.
-__device__ __forceinline__ u32 code_pair(u32 w, int j) {
-    u32 v = ((w >> (4 * j)) & 0x000F000Fu) | 0x43004300u;   // 128 + q in each half
-    u32 r;
-    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(v), "r"(0x3F803F80u), "r"(0xC308C308u));
-    return r;   // (128 + q)·1 − 136
-}
-
-__device__ __forceinline__ void mma16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
+// d += A·B over 32 codes: A the 16 × 32 unsigned codes (a0, a1: rows g and g + 8 at k =
+// 4t..4t+3; a2, a3: at k = 16 + 4t..), B 32 × 8 signed digits (b0: k = 4t.., b1: k = 16 +
+// 4t.., column g), exact integer sums.
+__device__ __forceinline__ void mma_u8s8(int (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0,
                                          u32 b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
         "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// A lane's sum of its two digit columns (t even: digits 0 and 1, t odd: 2 and 3), one
+// rounding.
+__device__ __forceinline__ float digit_pair(int hi, int lo, bool top) {
+    return top ? fmaf((float)hi, 16777216.0f, (float)lo * 65536.0f)
+               : fmaf((float)hi, 256.0f, (float)lo);
+}
+
+#define NIB 0x0F0F0F0Fu
 
 // Vectors x_v (v < n, each K floats, K % 128 == 0, x_v = x + v·xstride) as B fragments in
 // fr (TC_CHUNK_U4 uint4 per chunk, vector after vector) and their sums per 64 columns in
 // sx, by the whole block. No barrier: the caller adds one after its last stage.
+// Each 64 columns of a vector (a chunk's half h) share a power of two m_h = 2^(e − 23), e the
+// exponent with every |x| < 2^e there: x = m_h·X with X = rint(x / m_h) an integer of at most
+// 24 bits (f32's rounding at the block's largest value), written as four signed bytes
+// (digits 0..3 of weight 2^24, 2^16, 2^8, 1, each in −128..127). A chunk holds, as uint2, for
+// q = 2h + i, digit n and lane t: the digit of the values 8W + 2j (first word, byte j) and
+// 8W + 2j + 1 (second word) of word W = 8h + 2t + i, then m_0 and m_1 (uint4 32).
 __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, int K, uint4* fr,
                          float* sx) {
-    int per = K >> 3;   // items (chunk, q, t) per vector: 8 consecutive values each
-    for (int it = threadIdx.x; it < n * per; it += blockDim.x) {
+    // Item (v, c, q, t) takes the 8 values of word 8h + 2t + i (q = 2h + i) of chunk c; the 8
+    // items of one half (c, h) are 8 consecutive threads, which meet by shuffles for the
+    // half's largest |x| and its sum (8 values a lane in order, then lanes xor 1, 2, 4).
+    // Every thread takes the same number of turns (the shuffles need the whole warp).
+    int per = K >> 3, nch = K >> 7, items = n * per;
+    for (int it0 = 0; it0 < items; it0 += blockDim.x) {
+        int it = it0 + threadIdx.x;
+        bool ok = it < items;   // the same for the eight lanes of a half (items % 8 == 0)
+        if (!ok) it = 0;
         int v = it / per, i = it - v * per;
         int c = i >> 4, q = (i >> 2) & 3, t = i & 3;
         int word = (q >> 1) * 8 + 2 * t + (q & 1);
@@ -82,21 +82,42 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
 #pragma unroll
             for (int j = 0; j < 8; j++) e[j] = xp[j];
         }
-        u32 p[3][8];
+        float mx = 0.0f, sum = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++) split3(e[j], p[0][j], p[1][j], p[2][j]);
-        uint4* o = fr + (long long)(v * (K >> 7) + c) * TC_CHUNK_U4 + q * 12 + t;
+        for (int j = 0; j < 8; j++) {
+            mx = fmaxf(mx, fabsf(e[j]));
+            sum += e[j];
+        }
+        // The eight lanes of a half: the same it >> 3.
 #pragma unroll
-        for (int k = 0; k < 3; k++)
-            o[k * 4] = make_uint4(p[k][0] | (p[k][4] << 16), p[k][1] | (p[k][5] << 16),
-                                  p[k][2] | (p[k][6] << 16), p[k][3] | (p[k][7] << 16));
-    }
-    int nw = blockDim.x >> 5, lane = threadIdx.x & 31, per64 = K >> 6;
-    for (int s = threadIdx.x >> 5; s < n * per64; s += nw) {
-        int v = s / per64, i = s - v * per64;
-        const float* xp = x + v * xstride + i * 64;
-        float a = xp[lane] + xp[lane + 32];
-        sx[s] = warp_sum(a);
+        for (int o = 1; o < 8; o <<= 1) {
+            mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+            sum += __shfl_xor_sync(0xffffffffu, sum, o);
+        }
+        int ex;
+        frexpf(mx, &ex);        // mx < 2^ex; 0 for mx = 0
+        ex = max(ex, -100);     // 2^(23 − ex) stays a normal float
+        uint4* cb = fr + (long long)(v * nch + c) * TC_CHUNK_U4;
+        if (!ok) continue;
+        if ((it & 7) == 0) {
+            ((float*)(cb + 32))[q >> 1] = ldexpf(1.0f, ex - 23);
+            sx[v * (K >> 6) + c * 2 + (q >> 1)] = sum;
+        }
+        float inv = ldexpf(1.0f, 23 - ex);
+        u32 dg[4][2] = {{0u, 0u}, {0u, 0u}, {0u, 0u}, {0u, 0u}};
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            int r = __float2int_rn(e[j] * inv);   // |r| <= 2^23
+#pragma unroll
+            for (int d = 3; d >= 0; d--) {
+                int dv = d ? ((r + 128) & 255) - 128 : r;   // balanced digit; the top one is small
+                r = (r - dv) >> 8;
+                dg[d][j & 1] |= (u32)(dv & 255) << (8 * (j >> 1));
+            }
+        }
+        uint2* o = (uint2*)cb + q * 16 + t;
+#pragma unroll
+        for (int d = 0; d < 4; d++) o[d * 4] = make_uint2(dg[d][0], dg[d][1]);
     }
 }
 
@@ -179,22 +200,23 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
 #pragma unroll
+        const uint2* cb = (const uint2*)(fr + c * TC_CHUNK_U4);
+        const float* m = (const float*)(fr + c * TC_CHUNK_U4 + 32);
+#pragma unroll
         for (int h = 0; h < 2; h++) {
-            float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+            int d[4] = {0, 0, 0, 0};
 #pragma unroll
             for (int i = 0; i < 2; i++) {
-                uint4 bq = p < 3 ? fr[c * TC_CHUNK_U4 + (2 * h + i) * 12 + p * 4 + t]
-                                 : make_uint4(0u, 0u, 0u, 0u);
+                // Column p: digit p of the vector (p >= 4: zero).
+                uint2 bq = p < 4 ? cb[(2 * h + i) * 16 + p * 4 + t] : make_uint2(0u, 0u);
                 u32 wl = i ? f.w[0][h][0].y : f.w[0][h][0].x;
                 u32 wh = i ? f.w[0][h][1].y : f.w[0][h][1].x;
-                mma16816(d, code_pair(wl, 0), code_pair(wh, 0), code_pair(wl, 1),
-                         code_pair(wh, 1), bq.x, bq.y);
-                mma16816(d, code_pair(wl, 2), code_pair(wh, 2), code_pair(wl, 3),
-                         code_pair(wh, 3), bq.z, bq.w);
+                mma_u8s8(d, wl & NIB, wh & NIB, (wl >> 4) & NIB, (wh >> 4) & NIB, bq.x, bq.y);
             }
-            // Lane t holds columns 2t, 2t + 1: parts 1 and 2 at t = 0, part 3 at t = 1.
-            float lo = t == 0 ? d[0] + d[1] : d[0];
-            float hi = t == 0 ? d[2] + d[3] : d[2];
+            // Lane t holds columns 2t, 2t + 1: digits 0 and 1 at t = 0, 2 and 3 at t = 1.
+            float mh = m[h];
+            float lo = digit_pair(d[0], d[1], t == 0) * mh;
+            float hi = digit_pair(d[2], d[3], t == 0) * mh;
             // Chunk u's scales: word u (G = 64) or u / 2 (G = 128), word 0 after the moves.
             int hh = G == 64 ? h : (u & 1);
             float s0 = tc_word_half<ST>(f.s[0][0], hh), s1 = tc_word_half<ST>(f.s[1][0], hh);
@@ -202,8 +224,8 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
             acc[1] = fmaf(s1, hi, acc[1]);
             if (t == 0) {
                 float sxv = sx[c * 2 + h];
-                acc[0] = fmaf(fmaf(8.0f, s0, tc_word_half<ST>(f.b[0][0], hh)), sxv, acc[0]);
-                acc[1] = fmaf(fmaf(8.0f, s1, tc_word_half<ST>(f.b[1][0], hh)), sxv, acc[1]);
+                acc[0] = fmaf(tc_word_half<ST>(f.b[0][0], hh), sxv, acc[0]);
+                acc[1] = fmaf(tc_word_half<ST>(f.b[1][0], hh), sxv, acc[1]);
             }
         }
 #pragma unroll

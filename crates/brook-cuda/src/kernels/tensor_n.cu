@@ -4,14 +4,14 @@
 // bits tensor.cu's one-vector kernels give it.
 
 #if __CUDA_ARCH__ >= 800
-// Two vectors share each mma: a vector takes three of B's eight columns (its three bf16
-// parts), so pair j puts vector 2j in columns 0..2 and vector 2j + 1 in columns 4..6
-// (columns 3 and 7 zero). An mma's output columns are independent of each other, so each
-// vector's sums are those of tensor.cu's one-vector mma (its parts in columns 0..2, the rest
-// zero). Lane t of a quad holds output columns 2t and 2t + 1: lanes t = 0, 1 hold vector
-// 2j as tc_consume's t = 0, 1 do, lanes t = 2, 3 hold vector 2j + 1 the same way, and the
-// same shuffle adds each pair of lanes. So a lane carries one accumulator per pair, for
-// vector 2j + t / 2.
+// Two vectors share each mma: a vector takes four of B's eight columns (its four digit
+// rows), so pair j puts vector 2j in columns 0..3 and vector 2j + 1 in columns 4..7. The
+// mma's sums are exact integers, each column's independent of the others, so each vector's
+// sums are those of tensor.cu's one-vector mma (its digits in columns 0..3, the rest zero).
+// Lane t of a quad holds output columns 2t and 2t + 1: lanes t = 0, 1 hold vector 2j as
+// tc_consume's t = 0, 1 do, lanes t = 2, 3 hold vector 2j + 1 the same way, and the same
+// shuffle adds each pair of lanes. So a lane carries one accumulator per pair, for vector
+// 2j + t / 2.
 
 // tc_consume for NV vectors at once (NV / 2 pairs): each loaded chunk's codes are decoded
 // once and multiplied by every pair's fragments (fr and sx hold the vectors one after
@@ -25,41 +25,40 @@ __device__ __forceinline__ void tc_consume_n(const TcLoads<ST, G>& f, const uint
                                              const float* sx, int nch, int c0,
                                              float (&acc)[NV / 2][2]) {
     int lane = threadIdx.x & 31, t = lane & 3, p = lane >> 2;
-    // This lane's B column: part p & 3 of vector 2j + p / 4 (columns 3 and 7 zero).
-    int part = p & 3, side = p >> 2, mine = t >> 1;
+    // This lane's B column: digit p & 3 of vector 2j + p / 4.
+    int digit = p & 3, side = p >> 2, mine = t >> 1;
     bool even = (t & 1) == 0;
 #pragma unroll
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            u32 a[2][8];
+            u32 a[2][4];
 #pragma unroll
             for (int i = 0; i < 2; i++) {
                 u32 wl = i ? f.w[u][h][0].y : f.w[u][h][0].x;
                 u32 wh = i ? f.w[u][h][1].y : f.w[u][h][1].x;
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    a[i][2 * j] = code_pair(wl, j);
-                    a[i][2 * j + 1] = code_pair(wh, j);
-                }
+                a[i][0] = wl & NIB;
+                a[i][1] = wh & NIB;
+                a[i][2] = (wl >> 4) & NIB;
+                a[i][3] = (wh >> 4) & NIB;
             }
             float s0 = tc_half<ST, G>(f.s[0], u, h), s1 = tc_half<ST, G>(f.s[1], u, h);
-            float b0 = fmaf(8.0f, s0, tc_half<ST, G>(f.b[0], u, h));
-            float b1 = fmaf(8.0f, s1, tc_half<ST, G>(f.b[1], u, h));
+            float b0 = tc_half<ST, G>(f.b[0], u, h), b1 = tc_half<ST, G>(f.b[1], u, h);
 #pragma unroll
             for (int j = 0; j < NV / 2; j++) {
-                const uint4* fv = fr + (long long)(2 * j + side) * nch * TC_CHUNK_U4;
-                float d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+                const uint2* fv =
+                    (const uint2*)(fr + ((long long)(2 * j + side) * nch + c) * TC_CHUNK_U4);
+                int d[4] = {0, 0, 0, 0};
 #pragma unroll
                 for (int i = 0; i < 2; i++) {
-                    uint4 bq = part < 3 ? fv[c * TC_CHUNK_U4 + (2 * h + i) * 12 + part * 4 + t]
-                                        : make_uint4(0u, 0u, 0u, 0u);
-                    mma16816(d, a[i][0], a[i][1], a[i][2], a[i][3], bq.x, bq.y);
-                    mma16816(d, a[i][4], a[i][5], a[i][6], a[i][7], bq.z, bq.w);
+                    uint2 bq = fv[(2 * h + i) * 16 + digit * 4 + t];
+                    mma_u8s8(d, a[i][0], a[i][1], a[i][2], a[i][3], bq.x, bq.y);
                 }
-                float lo = even ? d[0] + d[1] : d[0];
-                float hi = even ? d[2] + d[3] : d[2];
+                float mh = ((const float*)(fr + ((long long)(2 * j + mine) * nch + c) *
+                                                    TC_CHUNK_U4 + 32))[h];
+                float lo = digit_pair(d[0], d[1], even) * mh;
+                float hi = digit_pair(d[2], d[3], even) * mh;
                 acc[j][0] = fmaf(s0, lo, acc[j][0]);
                 acc[j][1] = fmaf(s1, hi, acc[j][1]);
                 if (even) {
