@@ -3,10 +3,10 @@
 // width that is a multiple of 512 (TCU chunks of 128). Ampere and later; the host checks
 // (ops.rs `tc_fits`).
 //
-// Exact integer products, rounded only where f32 sums round:
+// Exact integer products of rounded activations; only the f32 sums round beyond that:
 // - each 64 activations of a vector share a power of two m (|x| < 2^23·m for all of them),
-//   and x = m·X with X an integer of at most 24 bits (Split24, as the CPU's VNNI kernels:
-//   below half an f32 ulp of the block's largest value), written as four signed bytes;
+//   and x = m·X with X = x / m rounded to an integer, |X| <= 2^23 (Split24 as in the CPU's VNNI
+//   kernels, here within one f32 ulp of the block's largest value), as four signed bytes;
 // - a code q ∈ [0, 15] is an unsigned byte, so one m16n8k32 integer mma multiplies 16 rows ×
 //   32 codes by the four digit rows in columns 0..3 of B (4..7: zero, or a second vector)
 //   and sums them exactly in 32-bit integers;
@@ -53,8 +53,8 @@ __device__ __forceinline__ float digit_pair(int hi, int lo, bool top) {
 // fr (TC_CHUNK_U4 uint4 per chunk, vector after vector) and their sums per 64 columns in
 // sx, by the whole block. No barrier: the caller adds one after its last stage.
 // Each 64 columns of a vector (a chunk's half h) share a power of two m_h = 2^(e − 23), e the
-// exponent with every |x| < 2^e there: x = m_h·X with X = rint(x / m_h) an integer of at most
-// 24 bits (f32's rounding at the block's largest value), written as four signed bytes
+// exponent with every |x| < 2^e there: x = m_h·X with X = rint(x / m_h), |X| <= 2^23 (within
+// one f32 ulp of the block's largest |x|; 2^(e − 24) would give half), as four signed bytes
 // (digits 0..3 of weight 2^24, 2^16, 2^8, 1, each in −128..127). A chunk holds, as uint2, for
 // q = 2h + i, digit n and lane t: the digit of the values 8W + 2j (first word, byte j) and
 // 8W + 2j + 1 (second word) of word W = 8h + 2t + i, then m_0 and m_1 (uint4 32).
