@@ -50,11 +50,14 @@ fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
         })
 }
 
+/// Bytes of the tensor-core kernels' staged B fragments a chunk of 128 columns (tensor.cu
+/// `TC_CHUNK_U4` uint4): four signed-byte digits a value and a power of two per 64 columns.
+const TC_CHUNK_BYTES: usize = 33 * 16;
+
 /// Shared memory of the tensor-core kernels for `nvec` vectors of `cols` activations: the B
-/// fragments (33 uint4 a chunk of 128 columns: four signed-byte digits a value and a power
-/// of two per 64 columns, tensor.cu `TC_CHUNK_U4`) and the sums per 64 columns.
+/// fragments ([`TC_CHUNK_BYTES`] a chunk of 128 columns) and the sums per 64 columns.
 fn tc_smem(cols: usize, nvec: usize) -> usize {
-    nvec * (cols / 128 * 33 * 16 + cols / 64 * 4)
+    nvec * (cols / 128 * TC_CHUNK_BYTES + cols / 64 * 4)
 }
 
 /// Warps per tile of the tensor-core kernels (at most `max`, a power of two): the tile's
@@ -547,7 +550,7 @@ mod tests {
             ),
             "unaligned scales"
         );
-        // 33 uint4 a chunk of 128 values and one sum per 64.
+        // 33 uint4 (528 bytes) a chunk of 128 values and one sum per 64.
         assert_eq!(tc_smem(2048, 1), 16 * 528 + 32 * 4);
         assert_eq!(down_tc_warps(8), 9);
         // H200 (132 SMs): the head needs no split; the 35B's DeltaNet projections (772

@@ -199,7 +199,6 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
 #pragma unroll 1
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
-#pragma unroll
         const uint2* cb = (const uint2*)(fr + c * TC_CHUNK_U4);
         const float* m = (const float*)(fr + c * TC_CHUNK_U4 + 32);
 #pragma unroll
