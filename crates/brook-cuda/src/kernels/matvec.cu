@@ -37,7 +37,7 @@ __device__ __noinline__ float row_dot(const Mat& m, u64 base, int r, const float
             for (int u = 0; u < U; u++) {
                 int w = w0 + lane + 32 * u;
                 bool ok = w < words;
-                v[u] = ok ? __ldg(row + w) : 0u;
+                v[u] = ok ? ld_stream(row + w) : 0u;
                 long long gi = g0 + (ok ? w / gw : 0);
                 sc[u] = ok ? ldf(sp, m.stype, gi) : 0.0f;
                 bi[u] = ok ? ldf(bp, m.stype, gi) : 0.0f;
@@ -79,10 +79,10 @@ __device__ __forceinline__ bool fast(const Mat& m, u64 base) {
 template <int VW>
 __device__ __forceinline__ void load_unit(const u32* p, u32 (&v)[VW]) {
     if (VW == 4) {
-        uint4 t = __ldg((const uint4*)p);
+        uint4 t = ld_stream((const uint4*)p);
         v[0] = t.x; v[1] = t.y; v[2 % VW] = t.z; v[3 % VW] = t.w;
     } else {
-        uint2 t = __ldg((const uint2*)p);
+        uint2 t = ld_stream((const uint2*)p);
         v[0] = t.x; v[1 % VW] = t.y;
     }
 }

@@ -158,15 +158,15 @@ __device__ __forceinline__ void tc_issue(const TcRow (&row)[2], int c0, TcLoads<
         for (int u = 0; u < TCU; u++)
 #pragma unroll
             for (int h = 0; h < 2; h++)
-                f.w[u][h][k] = __ldg((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
+                f.w[u][h][k] = ld_stream((const uint2*)(r.w + (c0 + u) * 16 + h * 8 + 2 * t));
         if (G == 64) {
-            uint4 sv = __ldg((const uint4*)(r.s + c0 * 4));
-            uint4 bv = __ldg((const uint4*)(r.b + c0 * 4));
+            uint4 sv = ld_stream((const uint4*)(r.s + c0 * 4));
+            uint4 bv = ld_stream((const uint4*)(r.b + c0 * 4));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = sv.z; f.s[k][3] = sv.w;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = bv.z; f.b[k][3] = bv.w;
         } else {
-            uint2 sv = __ldg((const uint2*)(r.s + c0 * 2));
-            uint2 bv = __ldg((const uint2*)(r.b + c0 * 2));
+            uint2 sv = ld_stream((const uint2*)(r.s + c0 * 2));
+            uint2 bv = ld_stream((const uint2*)(r.b + c0 * 2));
             f.s[k][0] = sv.x; f.s[k][1] = sv.y; f.s[k][2] = 0u; f.s[k][3] = 0u;
             f.b[k][0] = bv.x; f.b[k][1] = bv.y; f.b[k][2] = 0u; f.b[k][3] = 0u;
         }
