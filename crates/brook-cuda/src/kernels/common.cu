@@ -70,11 +70,24 @@ __device__ __forceinline__ u32 ld_stream(const u32* a) {
                  : "l"(a), "l"(stream_policy()));
     return v;
 }
+// A float of a state this kernel also writes (so not through the read-only path), and its
+// store, both evict-first: a DeltaNet layer's states are read and written once a token.
+__device__ __forceinline__ float ld_state(const float* a) {
+    float v;
+    asm volatile("ld.global.L2::cache_hint.f32 %0, [%1], %2;" : "=f"(v) : "l"(a), "l"(stream_policy()));
+    return v;
+}
+__device__ __forceinline__ void st_state(float* a, float v) {
+    asm volatile("st.global.L2::cache_hint.f32 [%0], %1, %2;" ::"l"(a), "f"(v), "l"(stream_policy())
+                 : "memory");
+}
 #else
 template <typename T>
 __device__ __forceinline__ T ld_stream(const T* a) {
     return __ldg(a);
 }
+__device__ __forceinline__ float ld_state(const float* a) { return *a; }
+__device__ __forceinline__ void st_state(float* a, float v) { *a = v; }
 #endif
 
 // Flags a kernel counts up while a later one runs beside it (the mapped experts' gather and

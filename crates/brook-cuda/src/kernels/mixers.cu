@@ -65,12 +65,15 @@ extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __r
 
 // The gated delta rule token by token. Block (h, column group): each lane owns one value
 // column j of head h's [dk, dv] state, kept in registers when DK > 0 (else in global memory).
+// With DK > 0 the state's loads go out before the wait: it was last written by this layer's
+// launch for the sequence's previous tokens (or copied in before the step), never by a kernel
+// that may still run, and so was the table `seqs` (copied at the step's start).
 template <int DK>
 __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
                                 const float* __restrict__ beta, float* __restrict__ state,
                                 float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv,
                                 const u64* __restrict__ seqs) {
-    PDL_SYNC();
+    if (DK == 0) PDL_SYNC();
     if (seqs) {
         int z = blockIdx.z;
         state = (float*)seqs[2 * z + 1];
@@ -89,7 +92,8 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
     float* st = state + (long long)h * dk * dv;
     float s[DK > 0 ? DK : 1];
     if (DK > 0 && on)
-        for (int i = 0; i < DK; i++) s[i] = st[i * dv + j];
+        for (int i = 0; i < DK; i++) s[i] = ld_state(st + i * dv + j);
+    if (DK > 0) PDL_SYNC();
     for (int t = 0; t < T; t++) {
         const float* row = conv + (long long)t * cd;
         for (int i = lane; i < dk; i += 32) {
@@ -134,7 +138,7 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
         __syncwarp();
     }
     if (DK > 0 && on)
-        for (int i = 0; i < DK; i++) st[i * dv + j] = s[i];
+        for (int i = 0; i < DK; i++) st_state(st + i * dv + j, s[i]);
 }
 
 #define DELTA_RULE(NAME, DK)                                                                    \

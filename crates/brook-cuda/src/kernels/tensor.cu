@@ -40,11 +40,18 @@ __device__ __forceinline__ void mma_u8s8(int (&d)[4], u32 a0, u32 a1, u32 a2, u3
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 
-// A lane's sum of its two digit columns (t even: digits 0 and 1, t odd: 2 and 3), one
-// rounding.
-__device__ __forceinline__ float digit_pair(int hi, int lo, bool top) {
-    return top ? fmaf((float)hi, 16777216.0f, (float)lo * 65536.0f)
-               : fmaf((float)hi, 256.0f, (float)lo);
+// A lane's sum of its two digit columns (t even: digits 0 and 1, t odd: 2 and 3) over a
+// half chunk, in units of its power of two `unit` (digit_unit): 256·hi + lo is exact in 32
+// bits (|hi|, |lo| <= 64·15·128 < 2^17) and rounds once on conversion, so this is the
+// rounded sum of the two columns' exact values; the scalings are by powers of two, exact.
+__device__ __forceinline__ float digit_pair(int hi, int lo, float unit) {
+    return (float)(hi * 256 + lo) * unit;
+}
+
+// The weight of a lane's digit pair for a block whose power of two is m: 2^16·m for the top
+// pair (digits 0 and 1), m for the low one.
+__device__ __forceinline__ float digit_unit(float m, bool top) {
+    return top ? m * 65536.0f : m;
 }
 
 #define NIB 0x0F0F0F0Fu
@@ -213,9 +220,9 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
                 mma_u8s8(d, wl & NIB, wh & NIB, (wl >> 4) & NIB, (wh >> 4) & NIB, bq.x, bq.y);
             }
             // Lane t holds columns 2t, 2t + 1: digits 0 and 1 at t = 0, 2 and 3 at t = 1.
-            float mh = m[h];
-            float lo = digit_pair(d[0], d[1], t == 0) * mh;
-            float hi = digit_pair(d[2], d[3], t == 0) * mh;
+            float unit = digit_unit(m[h], t == 0);
+            float lo = digit_pair(d[0], d[1], unit);
+            float hi = digit_pair(d[2], d[3], unit);
             // Chunk u's scales: word u (G = 64) or u / 2 (G = 128), word 0 after the moves.
             int hh = G == 64 ? h : (u & 1);
             float s0 = tc_word_half<ST>(f.s[0][0], hh), s1 = tc_word_half<ST>(f.s[1][0], hh);

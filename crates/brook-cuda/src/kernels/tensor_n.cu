@@ -57,8 +57,9 @@ __device__ __forceinline__ void tc_consume_n(const TcLoads<ST, G>& f, const uint
                 }
                 float mh = ((const float*)(fr + ((long long)(2 * j + mine) * nch + c) *
                                                     TC_CHUNK_U4 + 32))[h];
-                float lo = digit_pair(d[0], d[1], even) * mh;
-                float hi = digit_pair(d[2], d[3], even) * mh;
+                float unit = digit_unit(mh, even);
+                float lo = digit_pair(d[0], d[1], unit);
+                float hi = digit_pair(d[2], d[3], unit);
                 acc[j][0] = fmaf(s0, lo, acc[j][0]);
                 acc[j][1] = fmaf(s1, hi, acc[j][1]);
                 if (even) {
