@@ -129,7 +129,7 @@ run)
                         BROOK_CUDA_GRAPHS=0 timeout 300 ncu --cache-control none --clock-control none \
                             --csv --metrics gpu__time_duration.sum "$b/gpu_steps" "$work/model" \
                             "$NCU_SEQS" 1 >"$work/ncu.csv" 2>/dev/null &&
-                            python3 scripts/ncu_summary.py "$work/ncu.csv" || echo "ncu failed ($b)"
+                            python3 scripts/ncu_summary.py --by-grid "$work/ncu.csv" || echo "ncu failed ($b)"
                     fi
                 fi
                 if [ "$budget" = resident ] && [ -n "${DEPTHS:-}" ]; then
