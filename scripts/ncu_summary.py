@@ -13,8 +13,8 @@ import sys
 
 
 def main():
+    by_grid = "--by-grid" in sys.argv[1:]
     args = [a for a in sys.argv[1:] if a != "--by-grid"]
-    by_grid = len(args) != len(sys.argv) - 1
     if not args:
         raise SystemExit(__doc__)
     path = args[0]
