@@ -215,10 +215,11 @@ impl CudaModel {
     /// Where the experts are mapped, a one-token step not replaying a routing, and the
     /// prefetch is on: guesses the picks of `layer` before its mixer runs (the stream
     /// entering the layer, normed by its post-mixer norm, through its router and top-k) and
-    /// gathers the mapped ones on the side stream while the mixer computes, so that the
-    /// link, idle during the mixer, carries them; the MoE block takes the right guesses from
-    /// there. On the synthetic 35B such guesses name 87% of the picks (docs/bench/
-    /// 2026-11-30-to-12-02.md, "Prefetch, again").
+    /// gathers the likeliest mapped ones (at most `switches::prefetch_cap`) on the side
+    /// stream while the mixer computes, so that the link, idle during the mixer, carries
+    /// them; the MoE block takes the right guesses from there. On the synthetic 35B such
+    /// guesses name 87% of the picks (docs/bench/2026-11-30-to-12-02.md, "Prefetch, again");
+    /// copying only the first two keeps the wrong ones' cost small.
     /// Says whether it queued one.
     pub(crate) fn prefetch_experts(
         &self,

@@ -84,6 +84,7 @@ impl Engine for CudaModel {
             hits: c.hits,
             misses: c.misses,
             bytes_copied: c.bytes,
+            bytes_needed: c.needed,
             prefetch_used: c.prefetch_used,
             syncs: self.syncs,
             batched_steps: self.batched_steps,

@@ -45,6 +45,8 @@ pub struct GpuCacheStats {
     /// Bytes copied into GPU slots, and where mapped the expert bytes the kernels read from
     /// host memory.
     pub bytes: u64,
+    /// The part of `bytes` the picks asked for (all of it but a prefetch's wrong guesses).
+    pub needed: u64,
     /// Seconds the host spent waiting for expert bytes and staging them.
     pub load_s: f64,
     /// Mapped picks a prefetch had already gathered (not copied again).
@@ -305,6 +307,7 @@ impl GpuExperts {
                 c.misses += n as u64;
                 let img = self.mats[k / self.experts].place[2].end as u64;
                 c.bytes += (n as u64 + guessed[k] as u64) * img;
+                c.needed += n as u64 * img;
             }
         }
         // A prefetched pick was counted twice (as a miss and as a guess).
@@ -428,6 +431,7 @@ impl GpuExperts {
                 self.slot_of[k] = s;
                 self.owner[s as usize] = k;
                 self.stats.bytes += n as u64;
+                self.stats.needed += n as u64;
             }
         }
         self.stats.load_s += t.elapsed().as_secs_f64();

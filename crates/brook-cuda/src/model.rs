@@ -99,10 +99,9 @@ pub struct CudaModel {
     pub(crate) given: Option<crate::given::GivenIds>,
     /// Buffers of the steps of several sequences (`max_seqs` > 1).
     pub(crate) batch: Option<crate::batch::BatchBufs>,
-    /// Prefetch guessed mapped experts beside the mixer (blocks.rs `prefetch_experts`). Off
-    /// unless `BROOK_CUDA_PREFETCH=1`: on the H200 its guesses named 88.7% of the mapped
-    /// picks, yet decode moved by +1.8% at an 8 GiB GPU budget and -2.1% at 4 GiB, while
-    /// PCIe carried 11% more (docs/BENCH.md, "CUDA with host memory as the second tier").
+    /// Prefetch the likeliest guessed mapped experts beside the mixer (blocks.rs
+    /// `prefetch_experts`, at most `switches::prefetch_cap` a layer). On unless
+    /// `BROOK_CUDA_PREFETCH=0` (docs/BENCH.md, "CUDA with host memory as the second tier").
     pub prefetch: bool,
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,

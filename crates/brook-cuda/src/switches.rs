@@ -19,10 +19,45 @@ pub fn tensor_cores() -> bool {
     std::env::var("BROOK_CUDA_TC").map_or(true, |v| v != "0")
 }
 
-/// `BROOK_CUDA_PREFETCH=1`: the mapped tier's prefetch of guessed experts (off: on the H200
-/// its guesses named 88.7% of the mapped picks, yet decode hardly moved).
+/// `BROOK_CUDA_PREFETCH=0`: no prefetch of guessed experts in the mapped tier (on by
+/// default since it copies at most [`prefetch_cap`] guesses: 1.8-4.7 % faster at an 8 GiB
+/// GPU budget on the H100, where copying every guess was not faster than none).
 pub fn prefetch() -> bool {
-    std::env::var("BROOK_CUDA_PREFETCH").is_ok_and(|v| v == "1")
+    std::env::var("BROOK_CUDA_PREFETCH").map_or(true, |v| v != "0")
+}
+
+/// `BROOK_CUDA_PREFETCH_CAP=N` (1 to top-k): the most mapped guesses a prefetch copies,
+/// the likeliest first; 2 by default (the link carries about as much during a layer's
+/// mixer, norm, router and top-k, and each wrong guess costs a copy).
+pub fn prefetch_cap(k: usize) -> usize {
+    let k = k.max(1);
+    count_switch("BROOK_CUDA_PREFETCH_CAP", 1..=k, 2.min(k))
+}
+
+/// `BROOK_CUDA_PREFETCH_BLOCKS=N` (1 to 1024): the prefetch's blocks in all, shared by the
+/// guesses it copies; 16 by default (each block keeps 64 KiB in flight, and the mixer
+/// beside it needs the SMs).
+pub fn prefetch_blocks() -> usize {
+    count_switch("BROOK_CUDA_PREFETCH_BLOCKS", 1..=1024, 16)
+}
+
+/// A count from the environment variable `name` within `range`, else `default` (with a
+/// warning where it is set but out of range or not a count).
+fn count_switch(name: &str, range: std::ops::RangeInclusive<usize>, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(v) => match v.parse::<usize>() {
+            Ok(n) if range.contains(&n) => n,
+            _ => {
+                tracing::warn!(
+                    "{name}={v} is not a count from {} to {}; using {default}",
+                    range.start(),
+                    range.end()
+                );
+                default
+            }
+        },
+        Err(_) => default,
+    }
 }
 
 /// Blocks of a one-token gather of mapped experts whose products run beside it, on a GPU
@@ -34,17 +69,5 @@ pub fn gather_blocks(sms: usize) -> usize {
     if std::env::var("BROOK_CUDA_GATHER_FLAGS").is_ok_and(|v| v == "0") {
         return 0;
     }
-    let default = (sms / 2).max(1);
-    match std::env::var("BROOK_CUDA_GATHER_BLOCKS") {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if (1..=1024).contains(&n) => n,
-            _ => {
-                tracing::warn!(
-                    "BROOK_CUDA_GATHER_BLOCKS={v} is not a count from 1 to 1024; using {default}"
-                );
-                default
-            }
-        },
-        Err(_) => default,
-    }
+    count_switch("BROOK_CUDA_GATHER_BLOCKS", 1..=1024, (sms / 2).max(1))
 }

@@ -174,6 +174,11 @@ pub struct GpuStats {
     /// Expert bytes copied from the host into GPU slots, and the expert bytes the kernels
     /// read from mapped host memory.
     pub bytes_copied: u64,
+    /// The part of `bytes_copied` the picks asked for: all of it, less the copies of a
+    /// prefetch's wrong guesses (what a limit counts: an engine that guessed nothing would
+    /// still move these).
+    #[serde(default)]
+    pub bytes_needed: u64,
     /// Mapped experts a prefetch had gathered before their layer asked for them.
     #[serde(default)]
     pub prefetch_used: u64,
@@ -195,6 +200,7 @@ impl GpuStats {
             hits: self.hits.saturating_sub(earlier.hits),
             misses: self.misses.saturating_sub(earlier.misses),
             bytes_copied: self.bytes_copied.saturating_sub(earlier.bytes_copied),
+            bytes_needed: self.bytes_needed.saturating_sub(earlier.bytes_needed),
             prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
             syncs: self.syncs.saturating_sub(earlier.syncs),
             batched_steps: self.batched_steps.saturating_sub(earlier.batched_steps),

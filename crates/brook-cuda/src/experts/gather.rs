@@ -32,6 +32,10 @@ pub(super) struct Gather {
     /// That gather's blocks (the count each flag reaches); 0: the products wait for the
     /// gather's end instead (`BROOK_CUDA_GATHER_FLAGS=0`).
     ready_blocks: usize,
+    /// Mapped guesses a prefetch copies at most, and its blocks in all
+    /// ([`crate::switches::prefetch_cap`]).
+    pref_cap: usize,
+    pref_blocks: usize,
 }
 
 /// Buffers of a prefetch: its input, router logits, picks, weights, slots, and the table
@@ -47,6 +51,9 @@ pub struct Guess {
     scratch: DevBuf,
     step: DevBuf,
     pub(super) counts: DevBuf,
+    /// [top-k] the expert of each guess the prefetch copied, else -1 (what the step's own
+    /// gather looks its picks up in).
+    copied: DevBuf,
 }
 
 impl Gather {
@@ -67,6 +74,8 @@ impl Gather {
             step: gpu.zeros(e * 8, "gathered expert table")?,
             ready: gpu.zeros(ReadyFlags::WORDS * 4, "gather flags")?,
             ready_blocks: crate::switches::gather_blocks(gpu.sms.max(1) as usize),
+            pref_cap: crate::switches::prefetch_cap(k),
+            pref_blocks: crate::switches::prefetch_blocks(),
             guess: Guess {
                 normed: gpu.alloc(cfg.hidden_size * 4, "prefetch input")?,
                 logits: gpu.alloc(e * 4, "prefetch router logits")?,
@@ -75,6 +84,7 @@ impl Gather {
                 scratch: gpu.alloc(k * slot_bytes, "prefetched experts")?,
                 step: gpu.alloc(e * 8, "prefetch table")?,
                 counts: gpu.zeros((cfg.num_hidden_layers + total) * 4, "prefetch counts")?,
+                copied: gpu.alloc(k * 4, "prefetched picks")?,
             },
         })
     }
@@ -87,6 +97,9 @@ struct Pass<'a> {
     step: &'a DevBuf,
     counts: u64,
     npref: usize,
+    /// A prefetch: the most picks it copies, its blocks a copied pick, and where it says
+    /// which it copied.
+    prefetch: Option<(usize, usize, u64)>,
 }
 
 /// The flags of a one-token gather its products run beside (routing.cu `gather_ready`): two
@@ -140,6 +153,7 @@ impl GpuExperts {
             step: &g.step,
             counts,
             npref,
+            prefetch: None,
         };
         self.gather(layer, sel, n, &pass, &g.guess, flags)?;
         Ok(g.step.ptr)
@@ -162,8 +176,9 @@ impl GpuExperts {
         self.gather.as_ref().map(|g| &g.guess)
     }
 
-    /// Gathers the mapped ones of the guessed picks of `layer` ([`Guess::sel`], top-k) into the
-    /// prefetch's slots (queued wherever launches go now: the side stream).
+    /// Gathers the first mapped ones of the guessed picks of `layer` ([`Guess::sel`], top-k,
+    /// the likeliest first; at most [`crate::switches::prefetch_cap`]) into the prefetch's
+    /// slots (queued wherever launches go now: the side stream).
     pub fn prefetch(&self, layer: usize) -> Result<()> {
         let Some(g) = &self.gather else {
             return Ok(());
@@ -174,6 +189,11 @@ impl GpuExperts {
             step: &q.step,
             counts: q.counts.ptr + ((self.layers + layer * self.experts) * 4) as u64,
             npref: 0,
+            prefetch: Some((
+                g.pref_cap,
+                g.pref_blocks.div_ceil(g.pref_cap).max(1),
+                q.copied.ptr,
+            )),
         };
         self.gather(layer, q.sel.ptr, self.k, &pass, q, None)
     }
@@ -206,7 +226,7 @@ impl GpuExperts {
         a.arg(img as i32)
             .arg(pass.step.ptr)
             .arg(pass.counts)
-            .arg(guess.sel.ptr)
+            .arg(guess.copied.ptr)
             .arg(guess.scratch.ptr)
             .arg(pass.npref as i32)
             .arg(guess.counts.ptr + (layer * 4) as u64);
@@ -221,11 +241,16 @@ impl GpuExperts {
             );
         }
         // About 4,096 16-byte pieces a block (27 blocks an expert of the 35B): a few dozen
-        // blocks keep PCIe at its full rate (50 GB/s on the H200 host).
-        let parts = (img / 16).div_ceil(4096).clamp(1, 64) as u32;
+        // blocks keep PCIe at its full rate (50 GB/s on the H200 host). A prefetch's fewer
+        // leave the SMs to the mixer beside it.
+        let (cap, parts, copied) = match pass.prefetch {
+            Some((cap, parts, copied)) => (cap, parts, copied),
+            None => (n, (img / 16).div_ceil(4096).clamp(1, 64), 0),
+        };
+        a.arg(cap as i32).arg(copied);
         self.gpu.launch(
             self.gpu.k.gather_mapped,
-            (parts, n as u32, 1),
+            (parts as u32, n as u32, 1),
             256,
             0,
             &mut a,

@@ -202,21 +202,35 @@ __device__ __forceinline__ void copy_pieces(const uint4* __restrict__ s, uint4* 
 // table entry lies outside the GPU's slot arena [lo, hi) has its image copied over PCIe into
 // slot j of `scratch` (by the first pick of that expert only; copy_pieces). step[e] then says
 // where each picked expert is on the GPU; counts[e] counts the picks. A mapped expert among
-// the `npref` guesses `pref` that an earlier launch of this kernel (with `pref` as its `sel`)
+// the `npref` guesses `pref` that an earlier launch of this kernel (a prefetch: its `copied`)
 // gathered into `pref_scratch` is taken from there, not copied, and counted in pref_hits.
-// Grid (parts, n).
+// A prefetch copies at most `cap` picks, the first ones to copy (its picks come in order of
+// probability), counts only those it copies or finds on the GPU, and writes to copied[j]
+// pick j's expert where it copied it, else -1 (with cap >= n every pick counts and copied
+// may be null). Grid (parts, n).
 extern "C" __global__ void gather_mapped(const u64* __restrict__ table, u64 lo, u64 hi,
                                          const int* __restrict__ sel, int n, u64 scratch,
                                          int slot_bytes, int img_bytes, u64* __restrict__ step,
                                          int* __restrict__ counts, const int* __restrict__ pref,
-                                         u64 pref_scratch, int npref, int* __restrict__ pref_hits) {
+                                         u64 pref_scratch, int npref, int* __restrict__ pref_hits,
+                                         int cap, int* __restrict__ copied) {
     PDL_SYNC();
     int j = blockIdx.y;
     int e = sel[j];
     bool lead = blockIdx.x == 0 && threadIdx.x == 0;
-    if (lead) atomicAdd(&counts[e], 1);
     int from = pick_source(table, lo, hi, sel, j, pref, npref);
-    if (from == PICK_DUP) return;
+    bool over = false;
+    if (from == PICK_COPY && cap < n) {
+        int rank = 0;
+        for (int i = 0; i < j; i++)
+            rank += pick_source(table, lo, hi, sel, i, pref, npref) == PICK_COPY;
+        over = rank >= cap;
+    }
+    if (lead) {
+        if (!over) atomicAdd(&counts[e], 1);
+        if (copied) copied[j] = from == PICK_COPY && !over ? e : -1;
+    }
+    if (from == PICK_DUP || over) return;
     if (from >= 0) {
         if (lead) {
             step[e] = pref_scratch + (u64)from * slot_bytes;

@@ -40,7 +40,7 @@ fn dense_products_of_several_vectors_give_each_its_own_bits() {
             }
             assert_eq!(n < 2, m.iter().all(|m| ops::tc_fits(m, 16)), "{fmt:?}");
             let total: usize = rows.iter().sum();
-            for nvec in [2usize, 3, 8, 9, 16] {
+            for nvec in [2usize, 3, 8, 9, 16, 24] {
                 let x = rng.vec(nvec * cols, 1.0);
                 let xd = g.upload(&x, "x").expect("x");
                 for tc in [true, false] {

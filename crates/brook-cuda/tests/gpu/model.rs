@@ -145,8 +145,12 @@ fn output_is_identical_for_every_gpu_cache_size() {
                     assert!(stats.hits > 0, "{name}: {stats:?}");
                 }
                 assert!(stats.prefetch_used <= stats.misses, "{name}: {stats:?}");
+                // The picks' own bytes within those copied (a prefetch's wrong guesses are
+                // the rest).
+                assert!(stats.needed <= stats.bytes, "{name}: {stats:?}");
                 if !prefetch {
                     assert_eq!(stats.prefetch_used, 0, "{name}: {stats:?}");
+                    assert_eq!(stats.needed, stats.bytes, "{name}: {stats:?}");
                 }
             }
         }

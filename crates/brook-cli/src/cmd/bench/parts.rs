@@ -28,9 +28,12 @@ pub(super) fn gpu_row(
     disk_s: f64,
 ) -> GpuRow {
     let copied = per_step(g.bytes_copied - b.bytes_copied, steps);
+    // The link's share of the limit: what the picks asked for, not a prefetch's wrong
+    // guesses (an engine that guessed nothing would still move these bytes).
+    let needed = per_step(g.bytes_needed.saturating_sub(b.bytes_needed), steps);
     let n = (g.hits - b.hits) + (g.misses - b.misses);
     let lim = (touched / (hbm * 1e9).max(1.0))
-        .max(copied / (h2d * 1e9).max(1.0))
+        .max(needed / (h2d * 1e9).max(1.0))
         .max(disk_s);
     GpuRow {
         device: g.device,
@@ -47,6 +50,7 @@ pub(super) fn gpu_row(
             (g.hits - b.hits) as f64 / n as f64
         },
         bytes_copied_per_token: copied,
+        bytes_needed_per_token: needed,
         syncs_per_token: per_step(g.syncs - b.syncs, steps),
         hbm_gb_s: hbm,
         h2d_gb_s: h2d,

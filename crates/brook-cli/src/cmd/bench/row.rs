@@ -130,13 +130,17 @@ pub struct GpuRow {
     /// Expert bytes copied host → GPU per decoded token (where mapped: read over PCIe by
     /// the kernels).
     pub bytes_copied_per_token: f64,
+    /// The part of those the picks asked for (less a prefetch's wrong guesses): what the
+    /// limit counts.
+    #[serde(default)]
+    pub bytes_needed_per_token: f64,
     /// Host waits on the GPU per decoded token.
     pub syncs_per_token: f64,
     /// Device copy bandwidth (read + write), GB/s, measured in this run.
     pub hbm_gb_s: f64,
     /// Pinned host → device bandwidth, GB/s, measured in this run.
     pub h2d_gb_s: f64,
-    /// 1 / max((weight + state bytes) / HBM, copied / PCIe, disk reads / disk (as the row's
+    /// 1 / max((weight + state bytes) / HBM, needed / PCIe, disk reads / disk (as the row's
     /// limit)).
     pub limit_tok_s: f64,
 }
