@@ -2,8 +2,8 @@
 # The CUDA backend's tests and benchmarks in one call, on a machine with an NVIDIA GPU and
 # no Rust toolchain. Build the binaries on any x86-64 Linux machine with Rust first:
 #
-#   scripts/gpu-check.sh build [DIR]    # writes DIR/brook, DIR/gpu-tests and DIR/gpu_steps
-#                                       # (DIR: dist/gpu), and DIR.tgz holding the three
+#   scripts/gpu-check.sh build [DIR]    # writes DIR/brook, DIR/gpu-tests, DIR/gpu_steps and
+#                                       # DIR/link_bw (DIR: dist/gpu), and DIR.tgz holding them
 #
 # (with PTX_FOR="NVIDIA H100 80GB HBM3=9.0;NVIDIA H200=9.0" and an NVRTC on LD_LIBRARY_PATH,
 # also DIR/cuda: the kernels compiled for those GPUs, which `run` puts in the GPU machine's
@@ -40,7 +40,7 @@ case "${1:-}" in
 build)
     out=${2:-dist/gpu}
     cargo build --release -p brook-cli
-    cargo build --release -p brook-cuda --example gpu_steps
+    cargo build --release -p brook-cuda --example gpu_steps --example link_bw
     exe=$(cargo test --release -p brook-cuda --test gpu --no-run --message-format=json 2>/dev/null |
         python3 -c 'import json,sys
 for l in sys.stdin:
@@ -50,7 +50,8 @@ for l in sys.stdin:
     cp target/release/brook "$out/brook"
     cp "$exe" "$out/gpu-tests"
     cp target/release/examples/gpu_steps "$out/gpu_steps"
-    strip "$out/brook" "$out/gpu-tests" "$out/gpu_steps" 2>/dev/null || true
+    cp target/release/examples/link_bw "$out/link_bw"
+    strip "$out/brook" "$out/gpu-tests" "$out/gpu_steps" "$out/link_bw" 2>/dev/null || true
     # PTX_FOR="NAME=MAJOR.MINOR;...": the kernels compiled here for those GPUs too (NVRTC on
     # LD_LIBRARY_PATH), into $out/cuda, which `run` puts in the GPU machine's cache.
     rm -rf "$out/cuda"
@@ -61,7 +62,7 @@ for l in sys.stdin:
         mv "$out/home.tmp/cuda" "$out/cuda" && rm -rf "$out/home.tmp"
     fi
     tar czf "$out.tgz" -C "$(dirname "$out")" "$(basename "$out")"
-    echo "built $out/brook, $out/gpu-tests and $out/gpu_steps$([ -d "$out/cuda" ] && echo " and $out/cuda"); all in $out.tgz"
+    echo "built $out/brook, $out/gpu-tests, $out/gpu_steps and $out/link_bw$([ -d "$out/cuda" ] && echo " and $out/cuda"); all in $out.tgz"
     ;;
 run)
     work=${2:-/tmp/brook-gpu}
