@@ -213,9 +213,10 @@ const D: usize = 3;
 
 /// The kernel of `R` rows over one segment of `nel` elements (a multiple of 32) at Split24,
 /// with `$dot` giving a digit row's 8 lane sums from a piece's low and high nibbles and the
-/// digit row's even and odd bytes. Defined twice, with and without AVX-VNNI.
+/// digit row's even and odd bytes, and `$dot256` the same times 256 (for the top digit row,
+/// whose sums are shifted onto the next one's). Defined twice, with and without AVX-VNNI.
 macro_rules! segment_kernel {
-    ($name:ident, $features:literal, $dot:ident) => {
+    ($name:ident, $features:literal, $dot:ident, $dot256:ident) => {
         /// Adds to `acc[i]` row i's Σ s_g·q·x over the segment, per lane.
         ///
         /// # Safety
@@ -247,7 +248,11 @@ macro_rules! segment_kernel {
                         let de = _mm256_loadu_si256(d as *const _);
                         let dd = _mm256_loadu_si256(d.add(32) as *const _);
                         for i in 0..R {
-                            sk[i] = $dot(lo[i], hi[i], de, dd);
+                            sk[i] = if k == 0 {
+                                $dot256(lo[i], hi[i], de, dd)
+                            } else {
+                                $dot(lo[i], hi[i], de, dd)
+                            };
                         }
                     }
                     let cf = |k: usize| _mm256_loadu_ps(coef.add((c * D + k) * 8));
@@ -261,8 +266,8 @@ macro_rules! segment_kernel {
                             _ => _mm256_broadcast_ss(&*s[i].add(c / 2)),
                         };
                         // |S| ≤ 8·15·128 per lane and digit row, so S₂·2^8 + S₁ < 2^24: exact
-                        // in f32.
-                        let s21 = _mm256_add_epi32(_mm256_slli_epi32::<8>(sk[0][i]), sk[1][i]);
+                        // in f32 (sk[0] holds S₂·2^8 already).
+                        let s21 = _mm256_add_epi32(sk[0][i], sk[1][i]);
                         let p = _mm256_mul_ps(_mm256_cvtepi32_ps(s21), cf(1));
                         let pv = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sk[2][i]), cf(2), p);
                         acc[i] = _mm256_fmadd_ps(pv, sv, acc[i]);
@@ -281,6 +286,23 @@ macro_rules! segment_kernel {
 unsafe fn dot_madd(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
     // SAFETY: AVX2 is present (this function's features).
     unsafe { _mm256_madd_epi16(pair_products(lo, hi, de, dd), _mm256_set1_epi16(1)) }
+}
+
+/// [`dot_madd`] times 256, in the same `vpmaddwd` (its pairs times 256 instead of 1: the
+/// same integers, one shift fewer). |sum| ≤ 2·7680·256 < 2^22.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn dot_madd_256(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
+    // SAFETY: AVX2 is present (this function's features).
+    unsafe { _mm256_madd_epi16(pair_products(lo, hi, de, dd), _mm256_set1_epi16(256)) }
+}
+
+/// [`dot_vnni`] times 256.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn dot_vnni_256(lo: __m256i, hi: __m256i, de: __m256i, dd: __m256i) -> __m256i {
+    // SAFETY: AVX2 and AVX-VNNI are present (this function's features).
+    unsafe { _mm256_slli_epi32::<8>(dot_vnni(lo, hi, de, dd)) }
 }
 
 /// A piece's products with a digit row's bytes, two to an i16 lane (each 128-bit half one
@@ -352,8 +374,8 @@ pub(super) fn walk_segment<const R: usize>(
     }
 }
 
-segment_kernel!(seg_madd, "avx2,fma,f16c", dot_madd);
-segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni);
+segment_kernel!(seg_madd, "avx2,fma,f16c", dot_madd, dot_madd_256);
+segment_kernel!(seg_vnni, "avx2,fma,f16c,avxvnni", dot_vnni, dot_vnni_256);
 
 /// Rows `rows` of y = W x for a 4-bit `a` in rows (group 32, 64 or 128, n a multiple of 32),
 /// with x as [`prepare`] wrote it at `nd` digits (`digits`, `coef`) and Σx per group (`sums`);
