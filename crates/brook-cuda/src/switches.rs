@@ -44,20 +44,25 @@ pub fn prefetch_blocks() -> usize {
 /// A count from the environment variable `name` within `range`, else `default` (with a
 /// warning where it is set but out of range or not a count).
 fn count_switch(name: &str, range: std::ops::RangeInclusive<usize>, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(v) => match v.parse::<usize>() {
-            Ok(n) if range.contains(&n) => n,
-            _ => {
-                tracing::warn!(
-                    "{name}={v} is not a count from {} to {}; using {default}",
-                    range.start(),
-                    range.end()
-                );
-                default
-            }
-        },
-        Err(_) => default,
-    }
+    let v = std::env::var(name).ok();
+    count_in(v.as_deref(), &range).unwrap_or_else(|| {
+        if let Some(v) = v {
+            tracing::warn!(
+                "{name}={v} is not a count from {} to {}; using {default}",
+                range.start(),
+                range.end()
+            );
+        }
+        default
+    })
+}
+
+/// `v` as a count within `range`; `None` where unset, not a count, or outside it.
+fn count_in(v: Option<&str>, range: &std::ops::RangeInclusive<usize>) -> Option<usize> {
+    v?.trim()
+        .parse::<usize>()
+        .ok()
+        .filter(|n| range.contains(n))
 }
 
 /// Blocks of a one-token gather of mapped experts whose products run beside it, on a GPU
@@ -70,4 +75,21 @@ pub fn gather_blocks(sms: usize) -> usize {
         return 0;
     }
     count_switch("BROOK_CUDA_GATHER_BLOCKS", 1..=1024, (sms / 2).max(1))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::count_in;
+
+    #[test]
+    fn counts_outside_their_range_or_not_counts_are_refused() {
+        let r = 1..=8;
+        assert_eq!(count_in(Some("2"), &r), Some(2));
+        assert_eq!(count_in(Some(" 8 "), &r), Some(8));
+        assert_eq!(count_in(Some("1"), &r), Some(1));
+        for bad in ["0", "9", "-1", "two", "", "2.5", "99999999999999999999999"] {
+            assert_eq!(count_in(Some(bad), &r), None, "{bad:?}");
+        }
+        assert_eq!(count_in(None, &r), None);
+    }
 }
