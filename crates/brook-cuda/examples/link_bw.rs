@@ -2,7 +2,8 @@
 //! engine, and the engine's own gather kernel (`gather_mapped`, kernels/routing.cu) at several
 //! block counts, over memory the driver allocates (`cuMemHostAlloc`, as the engine's mapped
 //! tier does) and over memory in transparent huge pages registered with the driver
-//! (`cuMemHostRegister`). Hosts whose mapped-tier decode differs with the same copy bandwidth
+//! (`cuMemHostRegister`: `Pinned::new_mapped_huge`, which `BROOK_CUDA_HOST_HUGE=1` gives the
+//! engine's mapped tier). Hosts whose mapped-tier decode differs with the same copy bandwidth
 //! (docs/bench/2026-12-06.md, "The slow hosts, narrowed") are told apart by it.
 //!
 //! `cargo run --release -p brook-cuda --example link_bw -- [MIB] [EXPERT_KIB]` (defaults 512
@@ -10,99 +11,32 @@
 //! the host's transparent huge page setting and how much of the registered buffer the kernel
 //! put in huge pages.
 
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
 use brook_core::{Error, Result};
-use brook_cuda::gpu::{Args, DevBuf, Gpu, Pinned, err};
-use cudarc::driver::sys;
+use brook_cuda::gpu::{Args, DevBuf, Gpu, Pinned};
 
 /// Picks a gather launch copies, as a one-token layer of the 35B at most.
 const PICKS: usize = 8;
-const HUGE: usize = 2 << 20;
 
-/// Page-locked host bytes the GPU reads at `dev`, however they were allocated.
+/// Page-locked host bytes the GPU reads at `dev`.
 struct Host {
-    ptr: *mut u8,
-    bytes: usize,
+    mem: Pinned,
     dev: u64,
-    /// Registered huge-page memory to unregister and free (else a [`Pinned`]).
-    registered: bool,
-    _pinned: Option<Pinned>,
 }
 
-impl Drop for Host {
-    fn drop(&mut self) {
-        if self.registered {
-            // SAFETY: registered and allocated below with this layout; the GPU is idle (the
-            // caller synchronised).
-            unsafe {
-                let _ = sys::cuMemHostUnregister(self.ptr as *mut c_void);
-                std::alloc::dealloc(
-                    self.ptr,
-                    std::alloc::Layout::from_size_align_unchecked(self.bytes, HUGE),
-                );
-            }
-        }
-    }
-}
-
-unsafe extern "C" {
-    fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
-}
-/// Linux's MADV_HUGEPAGE.
-const MADV_HUGEPAGE: i32 = 14;
-
-fn driver_memory(gpu: &Arc<Gpu>, bytes: usize) -> Result<Host> {
-    let mut p = Pinned::new_mapped(gpu, bytes)?;
-    fill(p.as_mut_slice());
-    let dev = p.device_ptr()?;
-    Ok(Host {
-        ptr: p.ptr() as *mut u8,
-        bytes,
-        dev,
-        registered: false,
-        _pinned: Some(p),
-    })
-}
-
-fn huge_memory(gpu: &Arc<Gpu>, bytes: usize) -> Result<Host> {
-    gpu.bind()?;
-    let bytes = bytes.next_multiple_of(HUGE);
-    let layout = std::alloc::Layout::from_size_align(bytes, HUGE)
-        .map_err(|e| Error::Invalid(format!("{bytes} bytes: {e}")))?;
-    // SAFETY: a non-zero size; freed in Drop with the same layout.
-    let ptr = unsafe { std::alloc::alloc(layout) };
-    if ptr.is_null() {
-        return Err(Error::Invalid(format!("could not allocate {bytes} bytes")));
-    }
-    // A hint: the kernel may or may not back the range with huge pages (reported below).
-    // SAFETY: the range is this allocation.
-    unsafe { madvise(ptr as *mut c_void, bytes, MADV_HUGEPAGE) };
-    // SAFETY: `bytes` bytes at ptr, just allocated.
-    fill(unsafe { std::slice::from_raw_parts_mut(ptr, bytes) });
-    let mut host = Host {
-        ptr,
-        bytes,
-        dev: 0,
-        registered: false,
-        _pinned: None,
+/// `bytes` of page-locked host memory as the engine's mapped tier takes it: from the driver
+/// (`huge` false) or in huge pages registered with it (`BROOK_CUDA_HOST_HUGE=1`).
+fn host_memory(gpu: &Arc<Gpu>, bytes: usize, huge: bool) -> Result<Host> {
+    let mut mem = if huge {
+        Pinned::new_mapped_huge(gpu, bytes)?
+    } else {
+        Pinned::new_mapped(gpu, bytes)?
     };
-    // SAFETY: a live allocation of `bytes` bytes in this process; unregistered in Drop.
-    unsafe {
-        sys::cuMemHostRegister_v2(ptr as *mut c_void, bytes, sys::CU_MEMHOSTREGISTER_DEVICEMAP)
-    }
-    .result()
-    .map_err(|e| err("registering huge-page host memory", e))?;
-    host.registered = true;
-    let mut d: sys::CUdeviceptr = 0;
-    // SAFETY: ptr was registered with the device map flag.
-    unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, ptr as *mut c_void, 0) }
-        .result()
-        .map_err(|e| err("mapping registered host memory into the GPU", e))?;
-    host.dev = d;
-    Ok(host)
+    fill(mem.as_mut_slice());
+    let dev = mem.device_ptr()?;
+    Ok(Host { mem, dev })
 }
 
 /// Distinct bytes, touched so every page is present before it is locked.
@@ -129,10 +63,10 @@ fn copy_engine(gpu: &Arc<Gpu>, host: &Host, dst: &DevBuf) -> Result<f64> {
     let mut best = 0.0f64;
     for _ in 0..3 {
         let t = Instant::now();
-        // SAFETY: host holds `host.bytes` page-locked bytes, dst as many; waited for below.
-        unsafe { gpu.copy_in_async(dst.ptr, host.ptr, host.bytes)? };
+        // SAFETY: host holds `bytes` page-locked bytes, dst as many; waited for below.
+        unsafe { gpu.copy_in_async(dst.ptr, host.mem.ptr(), host.mem.bytes)? };
         gpu.sync()?;
-        best = best.max(host.bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
+        best = best.max(host.mem.bytes as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
     Ok(best)
 }
@@ -140,7 +74,7 @@ fn copy_engine(gpu: &Arc<Gpu>, host: &Host, dst: &DevBuf) -> Result<f64> {
 /// The gather kernel over every expert image of `host` in launches of [`PICKS`] picks with
 /// `parts` blocks a pick: the best GB/s of three passes.
 fn gather(gpu: &Arc<Gpu>, host: &Host, img: usize, parts: u32) -> Result<f64> {
-    let experts = host.bytes / img;
+    let experts = host.mem.bytes / img;
     let slot = img.next_multiple_of(256);
     let addrs: Vec<u64> = (0..experts).map(|e| host.dev + (e * img) as u64).collect();
     let table = gpu.upload(&addrs, "table")?;
@@ -215,14 +149,13 @@ fn main() -> Result<()> {
         bytes >> 20,
         img >> 10
     );
-    let dst = gpu.alloc(bytes.next_multiple_of(HUGE), "copy target")?;
-    for kind in ["driver (cuMemHostAlloc)", "huge pages (cuMemHostRegister)"] {
+    let dst = gpu.alloc(bytes, "copy target")?;
+    for (kind, huge) in [
+        ("driver (cuMemHostAlloc)", false),
+        ("huge pages (cuMemHostRegister)", true),
+    ] {
         let before = anon_huge_kib();
-        let host = if kind.starts_with("driver") {
-            driver_memory(&gpu, bytes)
-        } else {
-            huge_memory(&gpu, bytes)
-        };
+        let host = host_memory(&gpu, bytes, huge);
         let host = match host {
             Ok(h) => h,
             Err(e) => {

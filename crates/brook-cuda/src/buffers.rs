@@ -78,7 +78,19 @@ pub struct Pinned {
     gpu: Arc<Gpu>,
     ptr: *mut u8,
     pub bytes: usize,
+    /// Allocated here and registered with the driver ([`Pinned::new_mapped_huge`]), with
+    /// this layout; else the driver's own allocation.
+    registered: Option<std::alloc::Layout>,
 }
+
+/// The huge page size [`Pinned::new_mapped_huge`] aligns to.
+const HUGE_PAGE: usize = 2 << 20;
+
+unsafe extern "C" {
+    fn madvise(addr: *mut c_void, len: usize, advice: i32) -> i32;
+}
+/// Linux's MADV_HUGEPAGE.
+const MADV_HUGEPAGE: i32 = 14;
 
 // SAFETY: plain host memory owned by this value.
 unsafe impl Send for Pinned {}
@@ -95,6 +107,7 @@ impl Pinned {
             gpu: gpu.clone(),
             ptr,
             bytes,
+            registered: None,
         })
     }
 
@@ -110,6 +123,48 @@ impl Pinned {
             gpu: gpu.clone(),
             ptr,
             bytes,
+            registered: None,
+        })
+    }
+
+    /// As [`Pinned::new_mapped`], but allocated here on 2 MiB boundaries, advised into
+    /// transparent huge pages (where the kernel gives them) and registered with the driver,
+    /// so the GPU's reads of it cross fewer page translations (`BROOK_CUDA_HOST_HUGE=1`; an
+    /// experiment for the hosts whose kernels read mapped memory slower than the copy engine
+    /// does, docs/bench/2026-12-06.md).
+    pub fn new_mapped_huge(gpu: &Arc<Gpu>, bytes: usize) -> Result<Pinned> {
+        gpu.bind()?;
+        let size = bytes.max(64).next_multiple_of(HUGE_PAGE);
+        let layout = std::alloc::Layout::from_size_align(size, HUGE_PAGE)
+            .map_err(|e| Error::Invalid(format!("page-locking {bytes} bytes: {e}")))?;
+        // SAFETY: a non-zero size; freed in Drop with the same layout.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        if ptr.is_null() {
+            return Err(Error::Invalid(format!(
+                "could not allocate {bytes} bytes of host memory to page-lock"
+            )));
+        }
+        // SAFETY: the range is this allocation; the advice is a hint (ignored where huge
+        // pages are off), and the zeroing faults every page in after it.
+        unsafe {
+            madvise(ptr as *mut c_void, size, MADV_HUGEPAGE);
+            std::ptr::write_bytes(ptr, 0, size);
+        }
+        // SAFETY: a live allocation of `size` bytes of this process, unregistered in Drop.
+        let r = unsafe {
+            sys::cuMemHostRegister_v2(ptr as *mut c_void, size, sys::CU_MEMHOSTREGISTER_DEVICEMAP)
+        }
+        .result();
+        if let Err(e) = r {
+            // SAFETY: allocated above with this layout, never registered.
+            unsafe { std::alloc::dealloc(ptr, layout) };
+            return Err(err("registering huge-page host memory", e));
+        }
+        Ok(Pinned {
+            gpu: gpu.clone(),
+            ptr,
+            bytes,
+            registered: Some(layout),
         })
     }
 
@@ -140,11 +195,20 @@ impl Pinned {
 
 impl Drop for Pinned {
     fn drop(&mut self) {
-        // SAFETY: allocated by malloc_host; copies from it are waited for first.
+        // SAFETY: allocated by malloc_host, or here and registered (with this layout); copies
+        // from it are waited for first.
         unsafe {
             let _ = result::ctx::set_current(self.gpu.ctx);
             let _ = result::stream::synchronize(self.gpu.stream);
-            let _ = result::free_host(self.ptr as *mut c_void);
+            match self.registered {
+                Some(layout) => {
+                    let _ = sys::cuMemHostUnregister(self.ptr as *mut c_void);
+                    std::alloc::dealloc(self.ptr, layout);
+                }
+                None => {
+                    let _ = result::free_host(self.ptr as *mut c_void);
+                }
+            }
         }
     }
 }

@@ -224,9 +224,15 @@ impl GpuExperts {
         let per_chunk = (HOST_CHUNK / self.slot_bytes).max(1);
         let n = total - self.nslots;
         let t = Instant::now();
+        let huge = crate::switches::host_huge();
         for c in 0..n.div_ceil(per_chunk) {
             let m = per_chunk.min(n - c * per_chunk);
-            match Pinned::new_mapped(&self.gpu, m * self.slot_bytes) {
+            let chunk = if huge {
+                Pinned::new_mapped_huge(&self.gpu, m * self.slot_bytes)
+            } else {
+                Pinned::new_mapped(&self.gpu, m * self.slot_bytes)
+            };
+            match chunk {
                 Ok(p) => self.host.push(p),
                 Err(e) => {
                     self.host.clear();

@@ -26,6 +26,14 @@ pub fn prefetch() -> bool {
     std::env::var("BROOK_CUDA_PREFETCH").map_or(true, |v| v != "0")
 }
 
+/// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
+/// transparent huge pages and registered with the driver, instead of the driver's own
+/// page-locked allocation (an experiment, off: docs/bench/2026-12-06.md, "The slow hosts,
+/// narrowed").
+pub fn host_huge() -> bool {
+    std::env::var("BROOK_CUDA_HOST_HUGE").is_ok_and(|v| v == "1")
+}
+
 /// `BROOK_CUDA_PREFETCH_CAP=N` (1 to top-k): the most mapped guesses a prefetch copies,
 /// the likeliest first; 2 by default (the link carries about as much during a layer's
 /// mixer, norm, router and top-k, and each wrong guess costs a copy).

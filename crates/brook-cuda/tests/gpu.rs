@@ -29,7 +29,7 @@ use brook_core::dtype::DType;
 use brook_core::model::delta_net::{DeltaInputs, DeltaMode, delta_rule_recurrent};
 use brook_core::{Logits, Model};
 use brook_cuda::delta::{DeltaRule, delta_rule};
-use brook_cuda::gpu::Gpu;
+use brook_cuda::gpu::{Gpu, Pinned};
 use brook_cuda::weights::{Mat, copy_into, place, upload_linear};
 use brook_cuda::{CudaModel, CudaOptions, ops};
 use common::{MODELS, Reference, argmax, fixture, rel_l2};
@@ -112,6 +112,44 @@ fn without_a_gpu_cuda_is_a_clear_error() {
     let msg = e.to_string();
     assert!(msg.starts_with("GPU: "), "{msg}");
     assert!(msg.contains("--backend cpu"), "{msg}");
+}
+
+/// Page-locked host memory both ways the mapped tier takes it (the driver's allocation, and
+/// huge pages registered with it: `BROOK_CUDA_HOST_HUGE=1`): the GPU reads what the host
+/// wrote through the copy engine and through the mapped address.
+#[test]
+fn mapped_host_memory_reads_back_both_ways() {
+    let Some(g) = gpu() else { return };
+    // Not a whole number of huge pages.
+    let bytes = (3 << 20) + 4096;
+    for huge in [false, true] {
+        let mut p = if huge {
+            Pinned::new_mapped_huge(&g, bytes)
+        } else {
+            Pinned::new_mapped(&g, bytes)
+        }
+        .expect("page-locked memory");
+        for (i, b) in p.as_mut_slice().iter_mut().enumerate() {
+            *b = (i * 7 + (i >> 10)) as u8;
+        }
+        let d = g.zeros(bytes, "copy").expect("device memory");
+        // SAFETY: p holds `bytes` page-locked bytes, d as many; copy_out waits for the stream.
+        unsafe { g.copy_in_async(d.ptr, p.ptr(), bytes) }.expect("copy in");
+        let mut back = vec![0u8; bytes];
+        g.copy_out(d.ptr, &mut back).expect("copy out");
+        assert!(
+            back == p.as_slice(),
+            "huge pages {huge}: the copy engine's bytes differ"
+        );
+        let d2 = g.zeros(bytes, "copy").expect("device memory");
+        g.copy_dd(d2.ptr, p.device_ptr().expect("mapped address"), bytes)
+            .expect("copy from the mapped address");
+        g.copy_out(d2.ptr, &mut back).expect("copy out");
+        assert!(
+            back == p.as_slice(),
+            "huge pages {huge}: the mapped address's bytes differ"
+        );
+    }
 }
 
 #[test]
