@@ -46,16 +46,9 @@ fn fill(b: &mut [u8]) {
     }
 }
 
-/// Kibibytes of anonymous memory in huge pages, from /proc/meminfo (0 if unreadable).
-fn anon_huge_kib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("AnonHugePages:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+/// Bytes of anonymous memory in huge pages (0 if unreadable).
+fn anon_huge_bytes() -> u64 {
+    brook_core::experts::budget::meminfo("AnonHugePages:").unwrap_or(0)
 }
 
 /// The copy engine: `bytes` from `host` into `dst`, the best GB/s of three.
@@ -154,7 +147,7 @@ fn main() -> Result<()> {
         ("driver (cuMemHostAlloc)", false),
         ("huge pages (cuMemHostRegister)", true),
     ] {
-        let before = anon_huge_kib();
+        let before = anon_huge_bytes();
         let host = host_memory(&gpu, bytes, huge);
         let host = match host {
             Ok(h) => h,
@@ -163,7 +156,7 @@ fn main() -> Result<()> {
                 continue;
             }
         };
-        let huge = anon_huge_kib().saturating_sub(before) >> 10;
+        let huge = anon_huge_bytes().saturating_sub(before) >> 20;
         let mut line = format!(
             "{kind}: {huge} MiB more in huge pages; copy engine {:.1} GB/s; gather",
             copy_engine(&gpu, &host, &dst)?

@@ -43,14 +43,7 @@ fn open_files() -> u64 {
 }
 
 fn rss_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmRSS:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse().ok())
-        })
-        .unwrap_or(0)
+    brook_core::experts::budget::rss().0 / 1024
 }
 
 #[derive(Default)]

@@ -104,8 +104,13 @@ pub fn cgroup_limit_at(root: &Path, proc_cgroup: &str) -> Option<u64> {
 
 /// `MemAvailable` from /proc/meminfo.
 pub fn mem_available() -> Option<u64> {
+    meminfo("MemAvailable:")
+}
+
+/// The field `key` (with its colon, e.g. `AnonHugePages:`) of /proc/meminfo, in bytes.
+pub fn meminfo(key: &str) -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    meminfo_field(&s, "MemAvailable:")
+    meminfo_field(&s, key)
 }
 
 fn meminfo_field(s: &str, key: &str) -> Option<u64> {
