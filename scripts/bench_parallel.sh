@@ -5,7 +5,8 @@
 # Usage: scripts/bench_parallel.sh BROOK MODEL "SERVE FLAGS" N [ROUNDS] [MAX_TOKENS]
 #   e.g. scripts/bench_parallel.sh target/release/brook ./q36 "--memory-budget 3GiB" 4 2 128
 # VOCAB bounds the prompt ids drawn (default 150000; a tiny model needs less). CURL_CHECK=1
-# adds, per run, the same streams through curl (a client that costs next to nothing).
+# adds, per run, the same streams through curl (a client that costs next to nothing);
+# CURL_ONLY=1 runs only those (where the openai package is not installed).
 # Prints the machine (CPU model, AVX-512 features), the date and commit, then one line per run
 # from scripts/bench_serve.py (needs the `openai` package) with the engine's steps over the run
 # from /metrics: tokens a step, and how busy the engine was (the time inside its steps against
@@ -47,6 +48,7 @@ PY
 }
 for _ in $(seq "$rounds"); do
     for c in 1 "$n"; do
+        if [ "${CURL_ONLY:-0}" != 1 ]; then
         before=$(counters)
         line=$(python3 "$here/bench_serve.py" --base-url "$url" --prompt-tokens 32 --vocab "${VOCAB:-150000}" \
             --max-tokens "$max" -r 1 --aggregate --concurrency "$c" | tail -1)
@@ -58,7 +60,8 @@ steps, toks, busy, gather, wall = (y - x for x, y in zip(a, b))
 print(f"{steps:.0f} steps, {toks / max(steps, 1):.1f} tokens a step, engine busy {100 * busy / wall:.0f}% ({1e3 * busy / max(steps, 1):.1f} ms a step), waiting for the streams {100 * gather / wall:.0f}% ({1e3 * gather / max(steps, 1):.2f} ms a step)")' \
             "$before" "$(counters)")
         echo "concurrency $c: $line; $engine"
-        if [ "${CURL_CHECK:-0}" = 1 ]; then
+        fi
+        if [ "${CURL_CHECK:-0}" = 1 ] || [ "${CURL_ONLY:-0}" = 1 ]; then
             # The same streams through curl, which costs the client next to nothing: where
             # this is much faster, the Python client was the limit.
             mapfile -t bodies < <(python3 -c 'import json, random, sys

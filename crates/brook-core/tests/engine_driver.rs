@@ -5,7 +5,8 @@
 
 mod common;
 
-use brook_core::engine::{Caps, Engine, Forward, GivenRoutes, Reference, Routing, Step};
+use brook_core::engine::{Caps, Engine, Forward, GivenRoutes, Part, Reference, Routing, Step};
+use brook_core::model::argmax;
 use brook_core::model::state::SeqState;
 use brook_core::{Error, Logits, Model, Result};
 use common::{fixture, rel_l2};
@@ -17,6 +18,8 @@ struct Small<'m> {
     steps: Vec<usize>,
     /// Fail the step with this index (0-based), after it has advanced the state.
     fail_at: Option<usize>,
+    /// Hand back two floats for a greedy pick (neither the pick nor the logits).
+    short_best: bool,
 }
 
 impl Engine for Small<'_> {
@@ -39,6 +42,10 @@ impl Engine for Small<'_> {
         assert_eq!(step.seqs.len(), 1);
         let n = step.seqs[0].tokens.len();
         assert!(n <= 3, "the driver handed {n} tokens to a 3-token engine");
+        if self.short_best && step.seqs[0].want == Logits::Best {
+            step.seqs[0].logits.extend([0.0, 0.0]);
+            return Ok(());
+        }
         self.inner.step(step)?;
         self.steps.push(n);
         if self.fail_at == Some(self.steps.len() - 1) {
@@ -53,6 +60,7 @@ fn small(model: &Model) -> Small<'_> {
         inner: Reference::new(model),
         steps: Vec::new(),
         fail_at: None,
+        short_best: false,
     }
 }
 
@@ -97,6 +105,62 @@ fn calls_split_into_engine_steps_and_keep_the_logits_asked_for() {
     // The model counts every engine's steps over it: the reference call above was one.
     let counts = vec![("reference".to_string(), 1), ("small".to_string(), 9)];
     assert_eq!(s.model_steps, counts);
+}
+
+#[test]
+fn a_greedy_pick_is_the_argmax_of_the_last_logits_in_calls_and_batched_steps() {
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let mut f = Forward::new(small(&model));
+    let mut lasts = Vec::new();
+    for n in [1, 3, 8] {
+        let mut st = f.new_state(0);
+        let last = f
+            .forward(&mut st, &TOKENS[..n], Logits::Last)
+            .expect("last");
+        let want = argmax(last);
+        let mut st = f.new_state(0);
+        let best = f
+            .forward(&mut st, &TOKENS[..n], Logits::Best)
+            .expect("best");
+        assert_eq!(best.len(), 1);
+        assert_eq!(Logits::best_id(best), want, "{n} tokens");
+        assert_eq!(st.pos, n);
+        lasts.push(want);
+    }
+    // In a step of several parts, beside parts that ask for their logits or none.
+    let mut f = Forward::new(Reference::new(&model));
+    let mut states: Vec<SeqState> = (0..3).map(|_| f.new_state(0)).collect();
+    let mut outs = vec![Vec::new(); 3];
+    let wants = [Logits::Best, Logits::Last, Logits::None];
+    let mut parts: Vec<Part<'_>> = states
+        .iter_mut()
+        .zip(&mut outs)
+        .zip(wants)
+        .map(|((state, out), want)| Part {
+            state,
+            tokens: &TOKENS[..1],
+            want,
+            out,
+            result: Ok(()),
+        })
+        .collect();
+    f.step_parts(&mut parts);
+    assert!(parts.iter().all(|p| p.result.is_ok()));
+    drop(parts);
+    assert_eq!(outs[0].len(), 1);
+    assert_eq!(Logits::best_id(&outs[0]), lasts[0]);
+    assert_eq!(argmax(&outs[1]), lasts[0]);
+    assert!(outs[2].is_empty());
+
+    // An engine that hands back something else is an error, not a wrong token.
+    let mut broken = small(&model);
+    broken.short_best = true;
+    let mut f = Forward::new(broken);
+    let mut st = f.new_state(0);
+    let e = f
+        .forward(&mut st, &TOKENS[..2], Logits::Best)
+        .expect_err("two floats");
+    assert!(e.to_string().contains("greedy pick"), "{e}");
 }
 
 #[test]

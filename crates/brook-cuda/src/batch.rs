@@ -88,7 +88,7 @@ impl CudaModel {
                     let last = r + 1 == s.tokens.len();
                     let want = match s.want {
                         Logits::All => Logits::Last,
-                        Logits::Last if last => Logits::Last,
+                        Logits::Last | Logits::Best if last => s.want,
                         _ => Logits::None,
                     };
                     SeqStep {
@@ -176,17 +176,29 @@ impl CudaModel {
                 Some(g) if self.graphs => g.launch(&self.gpu, "launching a batched step")?,
                 _ => self.enqueue_batch(&b, n, layers)?,
             }
-            let wanted = seqs.iter().any(|s| s.want != Logits::None);
-            if wanted {
+            // The greedy picks come back as 4 bytes a sequence; whole rows only where a
+            // sequence asked for its logits.
+            let full = |s: &SeqStep<'_>| matches!(s.want, Logits::Last | Logits::All);
+            let best = seqs.iter().any(|s| s.want == Logits::Best);
+            if best {
+                self.best_of(b.logits.ptr, n, |ids| {
+                    for (s, &id) in seqs.iter_mut().zip(ids) {
+                        if s.want == Logits::Best {
+                            s.logits.push(id);
+                        }
+                    }
+                })?;
+            }
+            if seqs.iter().any(full) {
                 self.host_logits
                     .read(&self.gpu, b.logits.ptr, n * v, |all| {
                         let mut outs: Vec<_> = seqs
                             .iter_mut()
-                            .map(|s| (s.want != Logits::None).then_some(&mut *s.logits))
+                            .map(|s| full(s).then_some(&mut *s.logits))
                             .collect();
                         crate::buffers::spread_rows(all, v, &mut outs);
                     })?;
-            } else {
+            } else if !best {
                 self.gpu.sync()?;
             }
             self.syncs += 1;

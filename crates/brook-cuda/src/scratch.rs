@@ -59,6 +59,11 @@ pub(crate) struct Scratch {
     pub(crate) tokens: DevBuf,
     pub(crate) meta: DevBuf,
     pub(crate) logits: DevBuf,
+    /// The greedy picks of up to `seqs` rows of logits (`ops::best_rows`): a key a block of
+    /// a row, a counter a row (zero between launches) and the ids.
+    pub(crate) best_part: DevBuf,
+    pub(crate) best_count: DevBuf,
+    pub(crate) best: DevBuf,
     pub(crate) inv_freq: DevBuf,
 }
 
@@ -130,6 +135,9 @@ impl Scratch {
             tokens: f(c, "tokens")?,
             meta: f(4, "positions")?,
             logits: f(cfg.vocab_size, "logits")?,
+            best_part: gpu.alloc(seqs.max(1) * crate::ops::BEST_BLOCKS * 8, "greedy picks")?,
+            best_count: gpu.zeros(seqs.max(1) * 4, "greedy picks")?,
+            best: f(seqs.max(1), "greedy picks")?,
             inv_freq: gpu.upload(&inv, "RoPE frequencies")?,
         })
     }

@@ -11,6 +11,8 @@ use brook_core::engine::{Forward, Part};
 /// feeds the same tokens, so they route alike and each expert is read once for all (what
 /// sharing the experts is worth). `BROOK_NO_LOGITS=1`: no step hands back logits (every
 /// sequence feeds its first token again), which says what reading them to the host costs.
+/// `BROOK_BEST=1`: each sequence asks for its greedy pick alone (`Logits::Best`), as a greedy
+/// session does.
 pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Result<f64> {
     let v = fw.engine().model().cfg.vocab_size;
     let mut states: Vec<_> = (0..k).map(|_| fw.new_state(512)).collect();
@@ -18,6 +20,8 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
     let same = std::env::var_os("BROOK_SAME").is_some();
     let want = if std::env::var_os("BROOK_NO_LOGITS").is_some() {
         Logits::None
+    } else if std::env::var_os("BROOK_BEST").is_some() {
+        Logits::Best
     } else {
         Logits::Last
     };
@@ -53,8 +57,10 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
             times.push(t.elapsed().as_secs_f64());
         }
         for (t, o) in toks.iter_mut().zip(&outs).filter(|(_, o)| !o.is_empty()) {
-            let best = (0..v).fold(0, |b, i| if o[i] > o[b] { i } else { b });
-            *t = best as u32;
+            *t = match want {
+                Logits::Best => Logits::best_id(o),
+                _ => (0..v).fold(0, |b, i| if o[i] > o[b] { i } else { b }) as u32,
+            };
         }
     }
     times.sort_by(f64::total_cmp);

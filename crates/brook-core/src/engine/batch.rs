@@ -187,11 +187,7 @@ fn schedule(shared: &Shared, forward: &Mutex<Forward<'static>>) {
                 continue;
             };
             let last = c.fed + n == c.tokens.len();
-            let want = match c.want {
-                Logits::All => Logits::All,
-                Logits::Last if last => Logits::Last,
-                _ => Logits::None,
-            };
+            let want = c.want.for_chunk(last);
             parts.push(Part {
                 state: &mut c.state,
                 tokens: &c.tokens[c.fed..c.fed + n],

@@ -242,6 +242,7 @@ impl<'m> Forward<'m> {
                 end += 1;
             }
             let group = &mut ok[start..end];
+            let lens: Vec<usize> = group.iter().map(|p| p.out.len()).collect();
             let mut seqs: Vec<SeqStep<'_>> = group
                 .iter_mut()
                 .map(|p| SeqStep {
@@ -263,6 +264,11 @@ impl<'m> Forward<'m> {
             drop(seqs);
             match r {
                 Ok(()) => {
+                    for (p, &at) in group.iter_mut().zip(&lens) {
+                        if let Err(e) = settle_best(p.want, p.out, at, vocab) {
+                            p.result = Err(e);
+                        }
+                    }
                     self.engine.model().count_step(self.engine.name());
                     self.counters.steps.fetch_add(1, Ordering::Relaxed);
                     self.counters
@@ -377,12 +383,10 @@ pub fn drive(
     engine.place(state, tokens.len())?;
     let chunk = caps.max_chunk.max(1);
     let n = tokens.len().div_ceil(chunk);
+    let vocab = engine.model().cfg.vocab_size;
     for (i, part) in tokens.chunks(chunk).enumerate() {
-        let want = match want {
-            Logits::All => Logits::All,
-            Logits::Last if i + 1 == n => Logits::Last,
-            _ => Logits::None,
-        };
+        let want = want.for_chunk(i + 1 == n);
+        let start = out.len();
         let mut seqs = [SeqStep {
             state: &mut *state,
             tokens: part,
@@ -405,7 +409,10 @@ pub fn drive(
                 None => None,
             },
         };
-        if let Err(e) = engine.step(step) {
+        if let Err(e) = engine
+            .step(step)
+            .and_then(|()| settle_best(want, out, start, vocab))
+        {
             // The state may be half-updated: start the sequence afresh rather than let a
             // later call continue from garbage.
             *state = engine.new_state(0);
@@ -414,6 +421,27 @@ pub fn drive(
         engine.model().count_step(engine.name());
     }
     Ok(n as u64)
+}
+
+/// After a step asked for [`Logits::Best`]: an engine that handed back the last position's
+/// logits (`out[start..]`, `vocab` floats) has them reduced to the id; one that handed back
+/// the id is left alone.
+fn settle_best(want: Logits, out: &mut Vec<f32>, start: usize, vocab: usize) -> Result<()> {
+    if want != Logits::Best {
+        return Ok(());
+    }
+    match out.len().saturating_sub(start) {
+        1 => Ok(()),
+        n if n == vocab => {
+            let id = crate::model::argmax(&out[start..]);
+            out.truncate(start);
+            out.push(Logits::best_float(id));
+            Ok(())
+        }
+        n => Err(Error::Invalid(format!(
+            "the engine handed back {n} floats for a greedy pick (expected 1 or {vocab})"
+        ))),
+    }
 }
 
 /// The checks every feed passes before an engine sees it: token ids inside the vocabulary,

@@ -139,16 +139,20 @@ impl Batch {
             .seqs
             .iter()
             .map(|s| {
+                // A greedy sampler needs only the largest logit's id (see `Logits::Best`).
+                let want = if s.sampler.greedy() {
+                    Logits::Best
+                } else {
+                    Logits::Last
+                };
                 if s.fed < s.prompt.len() {
                     let end = (s.fed + chunk).min(s.prompt.len());
-                    let want = if end == s.prompt.len() {
-                        Logits::Last
-                    } else {
-                        Logits::None
-                    };
-                    (s.prompt[s.fed..end].to_vec(), want)
+                    (
+                        s.prompt[s.fed..end].to_vec(),
+                        want.for_chunk(end == s.prompt.len()),
+                    )
                 } else {
-                    (vec![s.next.expect("a sampled token to feed")], Logits::Last)
+                    (vec![s.next.expect("a sampled token to feed")], want)
                 }
             })
             .collect();
@@ -188,7 +192,11 @@ impl Batch {
                     continue;
                 }
             }
-            let token = s.sampler.sample(&mut s.logits, &s.history);
+            let token = if s.sampler.greedy() {
+                Logits::best_id(&s.logits)
+            } else {
+                s.sampler.sample(&mut s.logits, &s.history)
+            };
             s.generated += 1;
             let finish = if s.stop_ids.contains(&token) {
                 Some(FinishReason::Stop)

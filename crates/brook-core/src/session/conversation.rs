@@ -212,12 +212,20 @@ impl Session {
         if prompt.is_empty() {
             return Err(Error::Invalid("nothing new to prefill".into()));
         }
-        self.feed(prompt, &cancel, opts.deadline)?;
-        // [V] logits of the last token fed; the buffer goes back to the session at the end.
+        let mut sampler = Sampler::new(llm.sampling(opts), llm.model.cfg.vocab_size)?;
+        // A greedy sampler needs only the largest logit's id, which a GPU hands back without
+        // the whole vocabulary's logits.
+        let want = if sampler.greedy() {
+            Logits::Best
+        } else {
+            Logits::Last
+        };
+        self.feed(prompt, want, &cancel, opts.deadline)?;
+        // What the last token fed asked for (`want`); the buffer goes back to the session
+        // at the end.
         let mut logits = std::mem::take(&mut self.logits);
         self.prefilled = prompt.len();
         usage.prefill_s = t0.elapsed().as_secs_f64();
-        let mut sampler = Sampler::new(llm.sampling(opts), llm.model.cfg.vocab_size)?;
         let max = opts
             .max_tokens
             .unwrap_or(usize::MAX)
@@ -233,7 +241,10 @@ impl Session {
             if opts.deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
-            let next = sampler.sample(&mut logits, &self.fed);
+            let next = match want {
+                Logits::Best => Logits::best_id(&logits),
+                _ => sampler.sample(&mut logits, &self.fed),
+            };
             out.tokens.push(next);
             on_event(Event::Token(next));
             let mut stop = !opts.ignore_eos && llm.stop_ids.contains(&next);
@@ -250,7 +261,7 @@ impl Session {
                 break;
             }
             std::mem::swap(&mut logits, &mut self.logits);
-            self.decode(next, &opts.routes, out.tokens.len() - 1)?;
+            self.decode(next, want, &opts.routes, out.tokens.len() - 1)?;
             std::mem::swap(&mut logits, &mut self.logits);
         }
         self.logits = logits;
@@ -264,7 +275,7 @@ impl Session {
             && finish != FinishReason::Cancelled
             && self.fed.len() < context
         {
-            self.decode(last, &opts.routes, out.tokens.len() - 1)?;
+            self.decode(last, want, &opts.routes, out.tokens.len() - 1)?;
         }
         if finish == FinishReason::Stop && !out.tool_calls.is_empty() {
             finish = FinishReason::ToolCalls;
@@ -278,9 +289,15 @@ impl Session {
         Ok(out)
     }
 
-    /// Runs `ids` through the model, appending them to the state; leaves the last token's
-    /// logits in `self.logits`.
-    fn feed(&mut self, ids: &[u32], cancel: &CancelToken, deadline: Option<Instant>) -> Result<()> {
+    /// Runs `ids` through the model, appending them to the state; leaves what `want` asks of
+    /// the last token in `self.logits` (the earlier chunks ask for none).
+    fn feed(
+        &mut self,
+        ids: &[u32],
+        want: Logits,
+        cancel: &CancelToken,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
         let chunk = self.llm.options.prefill_chunk.max(1);
         let mut rest = ids;
         self.take_snapshot_if_due();
@@ -304,8 +321,9 @@ impl Session {
             }
             let (part, tail) = rest.split_at(n);
             let t = Instant::now();
+            let want = want.for_chunk(tail.is_empty());
             self.llm
-                .forward_into(&mut self.state, part, Logits::Last, &mut self.logits)?;
+                .forward_into(&mut self.state, part, want, &mut self.logits)?;
             tracing::debug!(
                 tokens = part.len(),
                 ms = t.elapsed().as_secs_f64() * 1e3,
@@ -318,14 +336,21 @@ impl Session {
         Ok(())
     }
 
-    /// Runs one decoded token (see [`Routes`]); leaves its logits in `self.logits`.
-    fn decode(&mut self, token: u32, routes: &Routes, decoded: usize) -> Result<()> {
+    /// Runs one decoded token (see [`Routes`]); leaves what `want` asks of it in
+    /// `self.logits`.
+    fn decode(&mut self, token: u32, want: Logits, routes: &Routes, decoded: usize) -> Result<()> {
         if matches!(routes, Routes::Router) {
-            return self.feed(&[token], &CancelToken::new(), None);
+            return self.feed(&[token], want, &CancelToken::new(), None);
         }
         self.take_snapshot_if_due();
-        self.llm
-            .decode_into(&mut self.state, token, routes, decoded, &mut self.logits)?;
+        self.llm.decode_into(
+            &mut self.state,
+            token,
+            want,
+            routes,
+            decoded,
+            &mut self.logits,
+        )?;
         self.fed.push(token);
         self.take_snapshot_if_due();
         Ok(())

@@ -249,26 +249,21 @@ impl Llm {
         &self,
         state: &mut SeqState,
         token: u32,
+        want: Logits,
         routes: &Routes,
         decoded: usize,
         out: &mut Vec<f32>,
     ) -> Result<()> {
         let tokens = std::slice::from_ref(&token);
         match routes {
-            Routes::Router => self.forward_into(state, tokens, Logits::Last, out),
+            Routes::Router => self.forward_into(state, tokens, want, out),
             Routes::Replay { trace, start } => {
                 let given = TraceToken {
                     trace,
                     token: (start + decoded) % trace.tokens(),
                 };
-                self.engine().forward_with(
-                    state,
-                    tokens,
-                    Logits::Last,
-                    Routing::Given(&given),
-                    None,
-                    out,
-                )
+                self.engine()
+                    .forward_with(state, tokens, want, Routing::Given(&given), None, out)
             }
             Routes::Record(into) => {
                 let mut layers = vec![Vec::new(); self.model.cfg.num_hidden_layers];
@@ -282,7 +277,7 @@ impl Llm {
                 self.engine().forward_with(
                     state,
                     tokens,
-                    Logits::Last,
+                    want,
                     Routing::Router,
                     Some(&mut seen),
                     out,

@@ -136,6 +136,14 @@ impl Sampler {
         &self.params
     }
 
+    /// Whether every pick is the largest logit's id ([`argmax`]) whatever the history: no
+    /// penalty, and temperature 0 or top-k 1. Such a sampler needs only
+    /// [`crate::Logits::Best`] from a forward call.
+    pub fn greedy(&self) -> bool {
+        let p = &self.params;
+        !p.has_penalties() && (p.temperature == 0.0 || p.top_k == 1)
+    }
+
     /// Restarts the random stream at `seed`.
     pub fn reseed(&mut self, seed: u64) {
         self.params.seed = seed;
@@ -396,35 +404,7 @@ impl Sampler {
     }
 }
 
-/// Index of the largest logit; NaN loses to everything, ties go to the lower id (0 when
-/// every logit is NaN).
-///
-/// Two passes the compiler vectorizes instead of one branch per logit (a 248320-word
-/// vocabulary took ~0.25 ms, about 0.4% of a fast decoded token): the largest value by
-/// `f32::max`, which skips NaN, in 16 lanes; then the first 64-logit block holding it, and its
-/// place there.
-pub fn argmax(logits: &[f32]) -> u32 {
-    const LANES: usize = 16;
-    const BLOCK: usize = 64;
-    let mut lanes = [f32::NEG_INFINITY; LANES];
-    let mut chunks = logits.chunks_exact(LANES);
-    for c in &mut chunks {
-        for (m, &v) in lanes.iter_mut().zip(c) {
-            *m = m.max(v);
-        }
-    }
-    let best = chunks
-        .remainder()
-        .iter()
-        .chain(&lanes)
-        .fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    logits
-        .chunks(BLOCK)
-        .enumerate()
-        .find(|(_, c)| c.iter().fold(false, |hit, &v| hit | (v == best)))
-        .and_then(|(b, c)| c.iter().position(|&v| v == best).map(|i| b * BLOCK + i))
-        .unwrap_or(0) as u32
-}
+pub use crate::model::argmax;
 
 /// xoshiro256** 1.0 (Blackman & Vigna, 2018).
 #[derive(Debug, Clone)]

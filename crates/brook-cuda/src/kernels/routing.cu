@@ -330,3 +330,72 @@ extern "C" __global__ void moe_combine(const float* __restrict__ y, const float*
     for (int k = 0; k < K; k++) acc += wts[t * K + k] * y[((long long)t * K + k) * H + j];
     out[idx] = acc + sigmoidf_(sg[(long long)t * sgs]) * shared[idx];
 }
+
+// The greedy pick of each row of logits (`Logits::Best`), as brook_core's `argmax` makes it:
+// the largest value's index, NaN never, ties (-0 and +0 among them) to the lower index, 0
+// when every value is NaN. A key orders (value, lower index) as one unsigned integer: the
+// value's bits made monotone above, the index's complement below; 0 is "nothing yet" (no
+// value that is not NaN maps there).
+__device__ __forceinline__ u64 best_key(float x, u32 i) {
+    u32 b = __float_as_uint(x);
+    if (b == 0x80000000u) b = 0u;
+    u32 m = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return ((u64)m << 32) | (u64)(0xffffffffu - i);
+}
+
+__device__ __forceinline__ u64 block_max_u64(u64 k, u64* w) {
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 other = __shfl_xor_sync(0xffffffffu, k, o);
+        k = other > k ? other : k;
+    }
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    if (lane == 0) w[warp] = k;
+    __syncthreads();
+    k = lane < warps ? w[lane] : 0ull;
+    for (int o = 16; o > 0; o >>= 1) {
+        u64 other = __shfl_xor_sync(0xffffffffu, k, o);
+        k = other > k ? other : k;
+    }
+    return k;
+}
+
+// Grid (blocks, rows), row r's `v` logits at r·v. Each block keys its share of the row into
+// part[r·blocks + b]; the row's last block to finish (a counter a row, which it resets for the
+// next launch) reduces them and writes the index to out[r]. blockDim a multiple of 32.
+extern "C" __global__ void best_rows(const float* __restrict__ logits, int v, u64* part,
+                                     u32* count, u32* out) {
+    PDL_SYNC();
+    __shared__ u64 w[32];
+    __shared__ int last;
+    int row = blockIdx.y, nb = gridDim.x;
+    const float* l = logits + (long long)row * v;
+    int per = (v + nb - 1) / nb;
+    int lo = blockIdx.x * per, hi = min(v, lo + per);
+    u64 best = 0ull;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+        float x = l[i];
+        bool nan = (__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u;
+        u64 k = nan ? 0ull : best_key(x, (u32)i);
+        best = k > best ? k : best;
+    }
+    best = block_max_u64(best, w);
+    if (threadIdx.x == 0) {
+        part[(long long)row * nb + blockIdx.x] = best;
+        __threadfence();
+        last = atomicAdd(&count[row], 1u) == (u32)(nb - 1);
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    best = 0ull;
+    for (int j = threadIdx.x; j < nb; j += blockDim.x) {
+        u64 k = ((volatile u64*)part)[(long long)row * nb + j];
+        best = k > best ? k : best;
+    }
+    __syncthreads();  // w is reused
+    best = block_max_u64(best, w);
+    if (threadIdx.x == 0) {
+        out[row] = best ? 0xffffffffu - (u32)best : 0u;
+        count[row] = 0u;
+    }
+}

@@ -404,3 +404,130 @@ fn long_context_decode_matches_the_reference_alone_and_together() {
         "logits differ from the first run alone: {bad:?}"
     );
 }
+
+/// Greedy picks made on the GPU (`Logits::Best`): the kernel against the host's `argmax` on
+/// rows built for its corner cases (ties, NaN, infinities, signed zeros, a maximum in the
+/// last place), launched twice over the same buffers; then through the engine (a prompt's
+/// chunk, one-token steps with and without graphs, batched steps) against the argmax of the
+/// logits the same steps hand back.
+#[test]
+fn greedy_picks_on_the_gpu_are_the_argmax_of_the_logits() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(31);
+    for v in [1usize, 31, 1000, 248_320] {
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        let mut random = |scale: f32| rng.vec(v, scale);
+        rows.push(random(4.0));
+        let mut r = random(1.0);
+        r[v - 1] = 9.0;
+        rows.push(r);
+        let mut r = random(1.0);
+        for i in [v / 2, v - 1, v / 3] {
+            r[i] = 7.5;
+        }
+        rows.push(r);
+        rows.push(vec![f32::NAN; v]);
+        let mut r = vec![f32::NAN; v];
+        r[v / 2] = f32::NEG_INFINITY;
+        rows.push(r);
+        let mut r = vec![-1.0f32; v];
+        r[v - 1] = 0.0;
+        r[v / 2] = -0.0;
+        rows.push(r);
+        let mut r = random(2.0);
+        r[0] = f32::NAN;
+        r[v / 4] = f32::INFINITY;
+        rows.push(r);
+        let flat: Vec<f32> = rows.concat();
+        let n = rows.len();
+        let d = g.upload(&flat, "logits").expect("upload");
+        let part = g.zeros(n * ops::BEST_BLOCKS * 8, "part").expect("part");
+        let count = g.zeros(n * 4, "count").expect("count");
+        let out = g.zeros(n * 4, "out").expect("out");
+        for round in 0..2 {
+            ops::best_rows(&g, d.ptr, v, n, part.ptr, count.ptr, out.ptr).expect("launch");
+            let mut got = vec![0u32; n];
+            g.copy_out(out.ptr, &mut got).expect("read");
+            let want: Vec<u32> = rows.iter().map(|r| brook_core::model::argmax(r)).collect();
+            assert_eq!(got, want, "vocabulary {v}, launch {round}");
+        }
+    }
+
+    for name in ["qwen35-q4", "next-q4"] {
+        let model = Arc::new(Model::open(&fixture(name)).expect("open"));
+        for graphs in [true, false] {
+            let mut cuda = cuda_seqs(&model, 4);
+            cuda.graphs = graphs;
+            let mut fw = Forward::new(cuda);
+            let prompts = common::batch::prompts();
+            let mut states = Vec::new();
+            let mut nexts = Vec::new();
+            for p in &prompts {
+                // The prompt in one call (its chunks), then three tokens one at a time.
+                let mut st = fw.new_state(64);
+                let mut st_best = st.clone();
+                let last = fw
+                    .forward(&mut st, p, Logits::Last)
+                    .expect("prefill")
+                    .to_vec();
+                let best = fw
+                    .forward(&mut st_best, p, Logits::Best)
+                    .expect("prefill best");
+                assert_eq!(Logits::best_id(best), argmax(&last), "{name}: prompt");
+                let mut next = argmax(&last);
+                for i in 0..3 {
+                    let mut again = st.clone();
+                    let best = fw.forward(&mut again, &[next], Logits::Best).expect("best");
+                    let best = Logits::best_id(best);
+                    let last = fw.forward(&mut st, &[next], Logits::Last).expect("last");
+                    assert_eq!(best, argmax(last), "{name} graphs {graphs}: token {i}");
+                    next = best;
+                }
+                states.push(st);
+                nexts.push(next);
+            }
+            // A batched step: half the sequences ask for their pick, half for their logits,
+            // then the other way round, from the same states.
+            let mut picks = vec![None; 4];
+            let mut logits = vec![None; 4];
+            for flip in [false, true] {
+                let mut sts = states.clone();
+                let mut outs = vec![Vec::new(); 4];
+                let ids: Vec<[u32; 1]> = nexts.iter().map(|&t| [t]).collect();
+                let mut parts: Vec<Part<'_>> = sts
+                    .iter_mut()
+                    .zip(&mut outs)
+                    .zip(&ids)
+                    .enumerate()
+                    .map(|(i, ((state, out), id))| Part {
+                        state,
+                        tokens: id,
+                        want: if (i % 2 == 0) ^ flip {
+                            Logits::Best
+                        } else {
+                            Logits::Last
+                        },
+                        out,
+                        result: Ok(()),
+                    })
+                    .collect();
+                fw.step_parts(&mut parts);
+                assert!(parts.iter().all(|p| p.result.is_ok()));
+                drop(parts);
+                for (i, o) in outs.iter().enumerate() {
+                    if o.len() == 1 {
+                        picks[i] = Some(Logits::best_id(o));
+                    } else {
+                        logits[i] = Some(argmax(o));
+                    }
+                }
+            }
+            assert_eq!(picks, logits, "{name} graphs {graphs}: batched");
+            assert!(picks.iter().all(|p| p.is_some()));
+            assert!(
+                fw.gpu_stats().expect("gpu stats").batched_steps >= 2,
+                "{name}"
+            );
+        }
+    }
+}
