@@ -486,6 +486,34 @@ pub fn linear(g: &Gpu, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()>
     }
 }
 
+/// Blocks a row of logits is split into for its greedy pick ([`best_rows`]).
+pub const BEST_BLOCKS: usize = 32;
+
+/// The greedy pick of each of `rows` rows of `v` logits at `logits` into `out` (a u32 a row:
+/// `brook_core::model::argmax`'s index), through `part` ([`BEST_BLOCKS`] u64 a row) and
+/// `count` (a u32 a row, zero before and after every launch).
+pub fn best_rows(
+    g: &Gpu,
+    logits: u64,
+    v: usize,
+    rows: usize,
+    part: u64,
+    count: u64,
+    out: u64,
+) -> Result<()> {
+    let v = i32::try_from(v)
+        .map_err(|_| Error::Invalid(format!("a vocabulary of {v} is too large for the GPU")))?;
+    let mut a = Args::new();
+    a.arg(logits).arg(v).arg(part).arg(count).arg(out);
+    g.launch(
+        g.k.best_rows,
+        (BEST_BLOCKS as u32, rows as u32, 1),
+        256,
+        0,
+        &mut a,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -583,32 +611,4 @@ mod tests {
         other.rows = 1024;
         assert!(!moe_down_fits(&m(4, 64, 512), &other, 8));
     }
-}
-
-/// Blocks a row of logits is split into for its greedy pick ([`best_rows`]).
-pub const BEST_BLOCKS: usize = 32;
-
-/// The greedy pick of each of `rows` rows of `v` logits at `logits` into `out` (a u32 a row:
-/// `brook_core::model::argmax`'s index), through `part` ([`BEST_BLOCKS`] u64 a row) and
-/// `count` (a u32 a row, zero before and after every launch).
-pub fn best_rows(
-    g: &Gpu,
-    logits: u64,
-    v: usize,
-    rows: usize,
-    part: u64,
-    count: u64,
-    out: u64,
-) -> Result<()> {
-    let v = i32::try_from(v)
-        .map_err(|_| Error::Invalid(format!("a vocabulary of {v} is too large for the GPU")))?;
-    let mut a = Args::new();
-    a.arg(logits).arg(v).arg(part).arg(count).arg(out);
-    g.launch(
-        g.k.best_rows,
-        (BEST_BLOCKS as u32, rows as u32, 1),
-        256,
-        0,
-        &mut a,
-    )
 }
