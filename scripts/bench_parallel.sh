@@ -6,7 +6,8 @@
 #   e.g. scripts/bench_parallel.sh target/release/brook ./q36 "--memory-budget 3GiB" 4 2 128
 # VOCAB bounds the prompt ids drawn (default 150000; a tiny model needs less). CURL_CHECK=1
 # adds, per run, the same streams through curl (a client that costs next to nothing);
-# CURL_ONLY=1 runs only those (where the openai package is not installed).
+# CURL_ONLY=1 runs only those (where the openai package is not installed); SAMPLED=1 has
+# the curl streams sample as the model's generation config says instead of greedily.
 # Prints the machine (CPU model, AVX-512 features), the date and commit, then one line per run
 # from scripts/bench_serve.py (needs the `openai` package) with the engine's steps over the run
 # from /metrics: tokens a step, and how busy the engine was (the time inside its steps against
@@ -67,10 +68,13 @@ print(f"{steps:.0f} steps, {toks / max(steps, 1):.1f} tokens a step, engine busy
             mapfile -t bodies < <(python3 -c 'import json, random, sys
 r = random.Random(7)
 for _ in range(int(sys.argv[1])):
-    print(json.dumps({"model": sys.argv[2], "max_tokens": int(sys.argv[3]), "temperature": 0,
-                      "stream": True, "ignore_eos": True,
-                      "prompt": [r.randrange(int(sys.argv[4])) for _ in range(32)]}))' \
-                "$c" "$model" "$max" "${VOCAB:-150000}")
+    body = {"model": sys.argv[2], "max_tokens": int(sys.argv[3]), "temperature": 0,
+            "stream": True, "ignore_eos": True,
+            "prompt": [r.randrange(int(sys.argv[4])) for _ in range(32)]}
+    if sys.argv[5] == "1":
+        del body["temperature"]
+    print(json.dumps(body))' \
+                "$c" "$model" "$max" "${VOCAB:-150000}" "${SAMPLED:-0}")
             before=$(counters)
             t0=$(date +%s.%N)
             pids=()

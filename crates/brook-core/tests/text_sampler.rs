@@ -415,3 +415,91 @@ mod no_alloc {
         assert_eq!(ALLOCS.with(Cell::get) - before, 0);
     }
 }
+
+/// A forward call's most likely candidates (`Logits::Top`) give the id the whole row gives,
+/// draw for draw, wherever `top_decides` says they decide it; on rows with near-ties,
+/// repeated values, NaN, infinities and signed zeros, at temperatures from 0.05 to 4, with
+/// top-p and min-p. And they decide the ordinary rows.
+#[test]
+fn the_most_likely_candidates_pick_what_the_row_picks() {
+    use brook_core::Logits;
+    use brook_core::model::{TOP_CANDIDATES, top_candidates, top_decides};
+    let n = 3000;
+    let mut rows: Vec<Vec<f32>> = vec![logits(n)];
+    // Pseudo-random rows (an LCG), one of them coarse (many equal values).
+    let mut x = 12345u64;
+    let mut next = || {
+        x = x
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        ((x >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+    };
+    rows.push((0..n).map(|_| 6.0 * next()).collect());
+    rows.push((0..n).map(|_| (8.0 * next()).round() / 4.0).collect());
+    let mut r: Vec<f32> = (0..n).map(|_| 3.0 * next()).collect();
+    r[5] = f32::NAN;
+    r[77] = f32::INFINITY;
+    r[78] = -0.0;
+    r[79] = 0.0;
+    r[n - 1] = f32::NEG_INFINITY;
+    rows.push(r);
+    rows.push(vec![1.0; n]);
+    let mut r = vec![f32::NAN; n];
+    for (i, v) in r.iter_mut().enumerate().take(40) {
+        *v = (i % 5) as f32;
+    }
+    rows.push(r);
+    let mut decided = 0;
+    let mut cands = Vec::new();
+    for (ri, row) in rows.iter().enumerate() {
+        let whole = top_candidates(row, &mut cands);
+        assert!(cands.len() <= TOP_CANDIDATES);
+        // The candidates against an independent sort.
+        let mut naive: Vec<(f32, u32)> = row
+            .iter()
+            .enumerate()
+            .filter(|(_, l)| !l.is_nan())
+            .map(|(i, &l)| (if l == 0.0 { 0.0 } else { l }, i as u32))
+            .collect();
+        naive.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
+        naive.truncate(TOP_CANDIDATES);
+        assert_eq!(cands, naive, "row {ri}");
+        for (t, k, top_p, min_p) in [
+            (1.0, 20, 0.95, 0.0),
+            (0.7, 40, 1.0, 0.0),
+            (0.05, 8, 0.9, 0.0),
+            (4.0, 63, 0.5, 0.1),
+            (1.0, 2, 1.0, 0.0),
+        ] {
+            let params = SamplingParams {
+                temperature: t,
+                top_k: k,
+                top_p,
+                min_p,
+                seed: 9,
+                ..Default::default()
+            };
+            let mut full = Sampler::new(params.clone(), n).expect("params");
+            let mut top = Sampler::new(params, n).expect("params");
+            let Logits::Top(want) = top.want() else {
+                panic!("top-k {k} at temperature {t} should ask for candidates");
+            };
+            if !top_decides(&cands, whole, want) {
+                continue;
+            }
+            decided += 1;
+            let mut pairs: Vec<f32> = cands
+                .iter()
+                .flat_map(|&(l, id)| [l, f32::from_bits(id)])
+                .collect();
+            for d in 0..30 {
+                let mut x = row.clone();
+                let a = full.sample(&mut x, &[]);
+                let b = top.pick(&mut pairs, n, &[]);
+                assert_eq!(a, b, "row {ri}, temperature {t}, top-k {k}, draw {d}");
+            }
+        }
+    }
+    // The first four rows decide every setting but the coarse row's.
+    assert!(decided >= 15, "{decided} decided");
+}

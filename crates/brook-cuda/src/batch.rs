@@ -88,7 +88,7 @@ impl CudaModel {
                     let last = r + 1 == s.tokens.len();
                     let want = match s.want {
                         Logits::All => Logits::Last,
-                        Logits::Last | Logits::Best if last => s.want,
+                        Logits::Last | Logits::Best | Logits::Top(_) if last => s.want,
                         _ => Logits::None,
                     };
                     SeqStep {
@@ -176,9 +176,18 @@ impl CudaModel {
                 Some(g) if self.graphs => g.launch(&self.gpu, "launching a batched step")?,
                 _ => self.enqueue_batch(&b, n, layers)?,
             }
-            // The greedy picks come back as 4 bytes a sequence; whole rows only where a
-            // sequence asked for its logits.
-            let full = |s: &SeqStep<'_>| matches!(s.want, Logits::Last | Logits::All);
+            // The greedy picks come back as 4 bytes a sequence and the candidates as about
+            // half a kilobyte; whole rows only where a sequence asked for its logits or its
+            // candidates decided nothing.
+            let tops = ops::top_fits(v);
+            let mut row: Vec<bool> = seqs
+                .iter()
+                .map(|s| match s.want {
+                    Logits::Last | Logits::All => true,
+                    Logits::Top(_) => !tops,
+                    Logits::Best | Logits::None => false,
+                })
+                .collect();
             let best = seqs.iter().any(|s| s.want == Logits::Best);
             if best {
                 self.best_of(b.logits.ptr, n, |ids| {
@@ -189,16 +198,31 @@ impl CudaModel {
                     }
                 })?;
             }
-            if seqs.iter().any(full) {
+            let top = tops && seqs.iter().any(|s| matches!(s.want, Logits::Top(_)));
+            if top {
+                self.top_of(b.logits.ptr, n, |all| {
+                    let rows = all.chunks_exact(ops::TOP_ROW);
+                    for ((s, t), r) in seqs.iter_mut().zip(rows).zip(&mut row) {
+                        if let Logits::Top(w) = s.want {
+                            match ops::top_pairs(t, w) {
+                                Some(pairs) => s.logits.extend_from_slice(pairs),
+                                None => *r = true,
+                            }
+                        }
+                    }
+                })?;
+            }
+            if row.iter().any(|&r| r) {
                 self.host_logits
                     .read(&self.gpu, b.logits.ptr, n * v, |all| {
                         let mut outs: Vec<_> = seqs
                             .iter_mut()
-                            .map(|s| full(s).then_some(&mut *s.logits))
+                            .zip(&row)
+                            .map(|(s, &r)| r.then_some(&mut *s.logits))
                             .collect();
                         crate::buffers::spread_rows(all, v, &mut outs);
                     })?;
-            } else if !best {
+            } else if !best && !top {
                 self.gpu.sync()?;
             }
             self.syncs += 1;

@@ -1,8 +1,8 @@
 //! The [`Engine`] face of [`CudaModel`]: what the driver, sessions and the server call.
 
 use brook_core::engine::{Caps, Engine, GpuStats, Routing, Step};
-use brook_core::model::Model;
 use brook_core::model::state::SeqState;
+use brook_core::model::{Logits, Model};
 use brook_core::{Error, Result};
 
 use crate::model::CudaModel;
@@ -49,6 +49,13 @@ impl Engine for CudaModel {
     }
 
     fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        if !self.picks {
+            for s in step.seqs.iter_mut() {
+                if matches!(s.want, Logits::Best | Logits::Top(_)) {
+                    s.want = Logits::Last;
+                }
+            }
+        }
         // Decoded tokens and small chunks of several sequences run as batched steps where
         // the engine can (every expert resident, the router's own routes, batch.rs).
         if !matches!(step.routing, Routing::Given(_)) && self.step_rounds(step.seqs)? {

@@ -91,6 +91,9 @@ pub struct CudaModel {
     pub batched_steps: u64,
     /// Replay one-token decode steps as CUDA graphs (when every expert is resident).
     pub graphs: bool,
+    /// Make greedy picks and candidates on the GPU (`Logits::Best`, `Logits::Top`) instead
+    /// of handing back rows (`switches::picks`).
+    pub picks: bool,
     /// Logits of the tokens of a small chunk that nobody asked for.
     spare: Vec<f32>,
     /// Page-locked staging the logits come back through.
@@ -224,6 +227,7 @@ impl CudaModel {
             syncs: 0,
             batched_steps: 0,
             graphs: opts.graphs,
+            picks: crate::switches::picks(),
             spare: Vec::new(),
             host_logits: Default::default(),
             given: None,
@@ -282,7 +286,7 @@ impl CudaModel {
         let graphed = self.graphs
             && self.experts.fixed()
             && t == 1
-            && matches!(want, Logits::Last | Logits::Best)
+            && matches!(want, Logits::Last | Logits::Best | Logits::Top(_))
             && !replaying;
         if graphed {
             if !self.decode_graphed(dev, chunk[0], pos)? {
@@ -298,7 +302,7 @@ impl CudaModel {
         let head = self.dense.head;
         let rows = match want {
             Logits::All => t,
-            Logits::Last | Logits::Best => 1,
+            Logits::Last | Logits::Best | Logits::Top(_) => 1,
             Logits::None => {
                 self.gpu.sync()?;
                 self.syncs += 1;
@@ -313,14 +317,45 @@ impl CudaModel {
             self.linear(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
         }
         let src = self.s.logits.ptr;
-        if want == Logits::Best {
-            self.best_of(src, 1, |ids| out.extend_from_slice(ids))?;
-        } else {
+        let mut row = true;
+        match want {
+            Logits::Best => {
+                self.best_of(src, 1, |ids| out.extend_from_slice(ids))?;
+                row = false;
+            }
+            Logits::Top(w) if ops::top_fits(v) => {
+                self.top_of(src, 1, |t| {
+                    if let Some(pairs) = ops::top_pairs(t, w) {
+                        out.extend_from_slice(pairs);
+                        row = false;
+                    }
+                })?;
+            }
+            _ => {}
+        }
+        if row {
             self.host_logits
                 .read(&self.gpu, src, rows * v, |l| out.extend_from_slice(l))?;
         }
         self.syncs += 1;
         Ok(())
+    }
+
+    /// Hands `take` the most likely candidates of each of `rows` rows of logits at `logits`
+    /// (`ops::TOP_ROW` floats a row, [`ops::top_pairs`] reads one), computed on the GPU; the
+    /// rows stay where they are for a caller whose candidates decide nothing.
+    pub(crate) fn top_of(
+        &mut self,
+        logits: u64,
+        rows: usize,
+        take: impl FnOnce(&[f32]),
+    ) -> Result<()> {
+        let s = &self.s;
+        let v = self.cfg().vocab_size;
+        ops::top_rows(&self.gpu, logits, v, rows, s.top_keys.ptr, s.top.ptr)?;
+        let src = self.s.top.ptr;
+        self.host_logits
+            .read(&self.gpu, src, rows * ops::TOP_ROW, take)
     }
 
     /// Hands `take` the greedy pick of each of `rows` rows of logits at `logits` (one float a
@@ -356,7 +391,9 @@ impl CudaModel {
             let tok = std::slice::from_ref(&chunk[i]);
             match want {
                 Logits::All => m.step_one(state, tok, Logits::Last, out),
-                Logits::Last | Logits::Best if last => m.step_one(state, tok, want, out),
+                Logits::Last | Logits::Best | Logits::Top(_) if last => {
+                    m.step_one(state, tok, want, out)
+                }
                 Logits::None if last => m.step_one(state, tok, Logits::None, out),
                 _ => {
                     spare.clear();

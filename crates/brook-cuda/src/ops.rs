@@ -514,6 +514,65 @@ pub fn best_rows(
     )
 }
 
+/// Candidates a row of [`top_rows`] holds (kernels/routing.cu `TOP_K`), as many as
+/// `brook_core::model::TOP_CANDIDATES`.
+pub const TOP_K: usize = 64;
+/// Floats a row of [`top_rows`]'s output takes: [`TOP_K`] (value, index bits) pairs, then the
+/// pairs written, the values that reached the row's floor (`u32::MAX`: too many, nothing
+/// decided) and whether the floor took every value that is a number, each as a float's bits.
+pub const TOP_ROW: usize = 2 * TOP_K + 4;
+/// The most 64-value blocks a row of [`top_rows`] may have (twice kernels/routing.cu
+/// `TOP_LIST`).
+pub const TOP_MAX_BLOCKS: usize = 8192;
+
+/// Whether [`top_rows`] takes rows of `v` logits, and hands back fewer floats than a row.
+pub fn top_fits(v: usize) -> bool {
+    v > 2 * TOP_K && v.div_ceil(64) <= TOP_MAX_BLOCKS
+}
+
+/// The [`TOP_K`] most likely candidates of each of `rows` rows of `v` logits at `logits` into
+/// `out` ([`TOP_ROW`] floats a row), through `bkey` (a u32 a 64-value block of a row).
+pub fn top_rows(g: &Gpu, logits: u64, v: usize, rows: usize, bkey: u64, out: u64) -> Result<()> {
+    if !top_fits(v) {
+        return Err(Error::Invalid(format!(
+            "rows of {v} logits are outside what the GPU's candidate kernel takes"
+        )));
+    }
+    let nb = v.div_ceil(64);
+    let mut a = Args::new();
+    a.arg(logits).arg(v as i32).arg(nb as i32).arg(bkey);
+    let grid = ((nb * 32).div_ceil(256) as u32, rows as u32, 1);
+    g.launch(g.k.top_blocks, grid, 256, 0, &mut a)?;
+    let mut a = Args::new();
+    a.arg(logits)
+        .arg(v as i32)
+        .arg(nb as i32)
+        .arg(bkey)
+        .arg(out);
+    g.launch(g.k.top_rows, (rows as u32, 1, 1), 1024, 0, &mut a)
+}
+
+/// The candidates in one row of [`top_rows`]'s output (`row`: [`TOP_ROW`] floats) as a
+/// `Logits::Top` call hands them back (value, index bits pairs), where they decide what a
+/// sampler of `want` picks (`brook_core::model::top_decides`); `None` where they don't.
+pub fn top_pairs(row: &[f32], want: brook_core::model::TopWant) -> Option<&[f32]> {
+    let (m, c, every) = (
+        row[2 * TOP_K].to_bits() as usize,
+        row[2 * TOP_K + 1].to_bits(),
+        row[2 * TOP_K + 2].to_bits() == 1,
+    );
+    if c == u32::MAX || m > TOP_K {
+        return None;
+    }
+    let pairs = &row[..2 * m];
+    let cands: Vec<(f32, u32)> = pairs
+        .chunks_exact(2)
+        .map(|p| (p[0], p[1].to_bits()))
+        .collect();
+    let whole = every && c as usize <= TOP_K;
+    brook_core::model::top_decides(&cands, whole, want).then_some(pairs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

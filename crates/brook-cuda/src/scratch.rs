@@ -64,6 +64,10 @@ pub(crate) struct Scratch {
     pub(crate) best_part: DevBuf,
     pub(crate) best_count: DevBuf,
     pub(crate) best: DevBuf,
+    /// The most likely candidates of up to `seqs` rows (`ops::top_rows`): a key a 64-value
+    /// block of a row, then `ops::TOP_ROW` floats a row.
+    pub(crate) top_keys: DevBuf,
+    pub(crate) top: DevBuf,
     pub(crate) inv_freq: DevBuf,
 }
 
@@ -138,6 +142,8 @@ impl Scratch {
             best_part: gpu.alloc(seqs.max(1) * crate::ops::BEST_BLOCKS * 8, "greedy picks")?,
             best_count: gpu.zeros(seqs.max(1) * 4, "greedy picks")?,
             best: f(seqs.max(1), "greedy picks")?,
+            top_keys: f(seqs.max(1) * cfg.vocab_size.div_ceil(64), "candidates")?,
+            top: f(seqs.max(1) * crate::ops::TOP_ROW, "candidates")?,
             inv_freq: gpu.upload(&inv, "RoPE frequencies")?,
         })
     }

@@ -26,6 +26,14 @@ pub fn prefetch() -> bool {
     std::env::var("BROOK_CUDA_PREFETCH").map_or(true, |v| v != "0")
 }
 
+/// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
+/// pick or its most likely candidates (`Logits::Best`, `Logits::Top`), instead of the pick
+/// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the
+/// GPU").
+pub fn picks() -> bool {
+    std::env::var("BROOK_CUDA_PICKS").map_or(true, |v| v != "0")
+}
+
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
 /// transparent huge pages and registered with the driver, instead of the driver's own
 /// page-locked allocation (an experiment, off: docs/bench/2026-12-06.md, "The slow hosts,

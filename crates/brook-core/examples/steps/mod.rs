@@ -12,7 +12,9 @@ use brook_core::engine::{Forward, Part};
 /// sharing the experts is worth). `BROOK_NO_LOGITS=1`: no step hands back logits (every
 /// sequence feeds its first token again), which says what reading them to the host costs.
 /// `BROOK_BEST=1`: each sequence asks for its greedy pick alone (`Logits::Best`), as a greedy
-/// session does.
+/// session does; `BROOK_TOP=1`: for its most likely candidates (`Logits::Top`, top-k 20 at
+/// temperature 1), as a session sampling with Qwen's generation config does (each feeds its
+/// most likely token either way).
 pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Result<f64> {
     let v = fw.engine().model().cfg.vocab_size;
     let mut states: Vec<_> = (0..k).map(|_| fw.new_state(512)).collect();
@@ -22,6 +24,12 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
         Logits::None
     } else if std::env::var_os("BROOK_BEST").is_some() {
         Logits::Best
+    } else if std::env::var_os("BROOK_TOP").is_some() {
+        // What Qwen's generation config samples with: top-k 20 at temperature 1.
+        Logits::Top(brook_core::model::TopWant {
+            k: 20,
+            temperature: 1.0f32.to_bits(),
+        })
     } else {
         Logits::Last
     };
@@ -59,6 +67,8 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
         for (t, o) in toks.iter_mut().zip(&outs).filter(|(_, o)| !o.is_empty()) {
             *t = match want {
                 Logits::Best => Logits::best_id(o),
+                // Candidates, most likely first (or the row where they decided nothing).
+                Logits::Top(_) if o.len() != v => o[1].to_bits(),
                 _ => (0..v).fold(0, |b, i| if o[i] > o[b] { i } else { b }) as u32,
             };
         }

@@ -234,7 +234,7 @@ impl<'m> CpuModel<'m> {
         let (h, v) = (self.model.cfg.hidden_size, self.model.cfg.vocab_size);
         let rows = match want {
             Logits::All => c,
-            Logits::Last | Logits::Best => 1,
+            Logits::Last | Logits::Best | Logits::Top(_) => 1,
             Logits::None => return Ok(()),
         };
         if self.logits.len() < rows * v {

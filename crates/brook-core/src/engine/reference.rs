@@ -108,7 +108,7 @@ fn chunk(
     }
     let rows = match want {
         Logits::All => &normed[..],
-        Logits::Last | Logits::Best => &normed[(t - 1) * h..],
+        Logits::Last | Logits::Best | Logits::Top(_) => &normed[(t - 1) * h..],
         Logits::None => return Ok(Vec::new()),
     };
     let mut logits = vec![0.0; rows.len() / h * v]; // [rows, V]

@@ -42,8 +42,84 @@ pub enum Logits {
     /// vocabulary's logits (1 MB a sequence for a 248,320-word vocabulary). Engines that
     /// have no faster way hand back the last position's logits and the driver reduces them.
     Best,
+    /// The last position's logits, or, where the engine has a faster way and they decide
+    /// what a sampler of this [`TopWant`] picks ([`top_decides`]), only its
+    /// [`TOP_CANDIDATES`] most likely as pairs of floats (the logit, then a float whose bits
+    /// are the id), most likely first, ties to the lower id, NaN left out (fewer pairs when
+    /// fewer logits are numbers). A caller tells the two apart by the length: a row is the
+    /// vocabulary's length; pairs come only from a vocabulary longer than
+    /// 2 × [`TOP_CANDIDATES`].
+    Top(TopWant),
     /// None (prefill whose logits are not needed).
     None,
+}
+
+/// What a sampler without penalties picks from, for [`Logits::Top`]: the `k` most likely ids
+/// at the temperature whose bits are `temperature` (a plain float has no `Eq`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TopWant {
+    pub k: u32,
+    pub temperature: u32,
+}
+
+/// Candidates a [`Logits::Top`] call hands back at most.
+pub const TOP_CANDIDATES: usize = 64;
+
+/// A logit's probability as the sampler weighs it: relative to the largest logit `max`, at
+/// inverse temperature `inv_t` (the one rounding every path shares).
+pub fn rel_prob(l: f32, max: f32, inv_t: f32) -> f32 {
+    ((l - max) * inv_t).exp()
+}
+
+/// Whether `cands`, the largest logits of a row as [`Logits::Top`] orders them, decide what a
+/// sampler of `want` picks from the whole row: `whole` when they are every logit of the row
+/// that is a number; otherwise when their last is less likely than the `want.k`-th, so no id
+/// outside them can be among the `k` kept, ties included (the sampler orders equal
+/// probabilities by id).
+pub fn top_decides(cands: &[(f32, u32)], whole: bool, want: TopWant) -> bool {
+    if whole {
+        return true;
+    }
+    let k = want.k as usize;
+    if k == 0 || k >= cands.len() {
+        return false;
+    }
+    let max = cands[0].0;
+    if !max.is_finite() {
+        // The sampler takes the first largest (argmax), which is `cands[0]`.
+        return true;
+    }
+    let inv_t = 1.0 / f32::from_bits(want.temperature);
+    let p = |l: f32| rel_prob(l, max, inv_t);
+    p(cands[cands.len() - 1].0).partial_cmp(&p(cands[k - 1].0)) == Some(std::cmp::Ordering::Less)
+}
+
+/// The [`Logits::Top`] candidates of `row`: every logit that is a number, by (logit
+/// descending, id ascending), the first [`TOP_CANDIDATES`] of them, into `out` (replaced).
+/// Returns whether they are all of them (`whole` for [`top_decides`]).
+pub fn top_candidates(row: &[f32], out: &mut Vec<(f32, u32)>) -> bool {
+    // Before: a larger logit, then a lower id (NaN is left out and -0 taken as +0, so
+    // `total_cmp` orders as `<` does).
+    let before = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    out.clear();
+    let mut numbers = 0usize;
+    for (i, &l) in row.iter().enumerate() {
+        if l.is_nan() {
+            continue;
+        }
+        numbers += 1;
+        let e = (if l == 0.0 { 0.0 } else { l }, i as u32);
+        if out.len() == TOP_CANDIDATES {
+            // Sorted: the last is the least, and most logits fall below it.
+            if before(&e, &out[TOP_CANDIDATES - 1]).is_ge() {
+                continue;
+            }
+            out.pop();
+        }
+        let at = out.partition_point(|x| before(x, &e).is_lt());
+        out.insert(at, e);
+    }
+    numbers <= TOP_CANDIDATES
 }
 
 impl Logits {
@@ -53,6 +129,7 @@ impl Logits {
             Logits::All => t * v,
             Logits::Last => v,
             Logits::Best => 1,
+            Logits::Top(_) => v,
             Logits::None => 0,
         }
     }
@@ -62,7 +139,7 @@ impl Logits {
     pub fn for_chunk(self, last: bool) -> Logits {
         match self {
             Logits::All => Logits::All,
-            Logits::Last | Logits::Best if last => self,
+            Logits::Last | Logits::Best | Logits::Top(_) if last => self,
             _ => Logits::None,
         }
     }

@@ -139,12 +139,8 @@ impl Batch {
             .seqs
             .iter()
             .map(|s| {
-                // A greedy sampler needs only the largest logit's id (see `Logits::Best`).
-                let want = if s.sampler.greedy() {
-                    Logits::Best
-                } else {
-                    Logits::Last
-                };
+                // Only what the sampler needs (the greedy pick, the most likely few).
+                let want = s.sampler.want();
                 if s.fed < s.prompt.len() {
                     let end = (s.fed + chunk).min(s.prompt.len());
                     (
@@ -176,6 +172,7 @@ impl Batch {
             parts.into_iter().map(|p| p.result).collect()
         };
         let context = self.llm.options.context;
+        let vocab = self.llm.model.cfg.vocab_size;
         let mut events = Vec::with_capacity(self.seqs.len());
         let mut leave = Vec::new();
         for ((s, (tokens, _)), r) in self.seqs.iter_mut().zip(&feeds).zip(results) {
@@ -192,11 +189,7 @@ impl Batch {
                     continue;
                 }
             }
-            let token = if s.sampler.greedy() {
-                Logits::best_id(&s.logits)
-            } else {
-                s.sampler.sample(&mut s.logits, &s.history)
-            };
+            let token = s.sampler.pick(&mut s.logits, vocab, &s.history);
             s.generated += 1;
             let finish = if s.stop_ids.contains(&token) {
                 Some(FinishReason::Stop)

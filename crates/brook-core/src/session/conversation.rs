@@ -213,13 +213,11 @@ impl Session {
             return Err(Error::Invalid("nothing new to prefill".into()));
         }
         let mut sampler = Sampler::new(llm.sampling(opts), llm.model.cfg.vocab_size)?;
-        // A greedy sampler needs only the largest logit's id, which a GPU hands back without
-        // the whole vocabulary's logits.
-        let want = if sampler.greedy() {
-            Logits::Best
-        } else {
-            Logits::Last
-        };
+        // A greedy sampler needs only the largest logit's id, and one without penalties and
+        // with a top-k only the most likely few, which a GPU hands back without the whole
+        // vocabulary's logits.
+        let want = sampler.want();
+        let vocab = llm.model.cfg.vocab_size;
         self.feed(prompt, want, &cancel, opts.deadline)?;
         // What the last token fed asked for (`want`); the buffer goes back to the session
         // at the end.
@@ -241,10 +239,7 @@ impl Session {
             if opts.deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
-            let next = match want {
-                Logits::Best => Logits::best_id(&logits),
-                _ => sampler.sample(&mut logits, &self.fed),
-            };
+            let next = sampler.pick(&mut logits, vocab, &self.fed);
             out.tokens.push(next);
             on_event(Event::Token(next));
             let mut stop = !opts.ignore_eos && llm.stop_ids.contains(&next);

@@ -10,6 +10,7 @@
 //! of tokens across brook versions whatever a dependency changes.
 
 use super::{Result, TextError};
+use crate::model::{Logits, TOP_CANDIDATES, TopWant, rel_prob};
 
 /// How to pick the next token. The default is greedy (argmax), with every filter off.
 #[derive(Debug, Clone, PartialEq)]
@@ -106,6 +107,7 @@ pub struct Sampler {
     kept: Vec<(f32, u32)>, // top-k's (logit, id) candidates: room for 2 × KEPT
     block_max: Vec<f32>, // [vocab / BLOCK] the largest logit of each block
     block_sel: Vec<f32>, // [vocab / BLOCK] scratch to select among them
+    cands: Vec<(f32, u32)>, // [TOP_CANDIDATES] (logit, id) handed back by a forward call
 }
 
 /// Logits a block of the maximum pass (see `Sampler::top_candidates`).
@@ -128,6 +130,7 @@ impl Sampler {
             kept: Vec::with_capacity(2 * KEPT),
             block_max: Vec::with_capacity(vocab_size.div_ceil(BLOCK)),
             block_sel: Vec::with_capacity(vocab_size.div_ceil(BLOCK)),
+            cands: Vec::with_capacity(TOP_CANDIDATES),
         })
     }
 
@@ -142,6 +145,73 @@ impl Sampler {
     pub fn greedy(&self) -> bool {
         let p = &self.params;
         !p.has_penalties() && (p.temperature == 0.0 || p.top_k == 1)
+    }
+
+    /// What this sampler needs from a forward call: [`Logits::Best`] when it is greedy,
+    /// [`Logits::Top`] when a row's most likely candidates can decide it (temperature above
+    /// 0, top-k from 2 to below [`TOP_CANDIDATES`], no penalty), else the row.
+    pub fn want(&self) -> Logits {
+        let p = &self.params;
+        if self.greedy() {
+            Logits::Best
+        } else if !p.has_penalties() && p.top_k >= 2 && p.top_k < TOP_CANDIDATES {
+            Logits::Top(TopWant {
+                k: p.top_k as u32,
+                temperature: p.temperature.to_bits(),
+            })
+        } else {
+            Logits::Last
+        }
+    }
+
+    /// Picks the next id from what a forward call asking for [`Sampler::want`] returned:
+    /// the row of `vocab` logits ([`Sampler::sample`]), the greedy pick, or the candidates,
+    /// which give the id the row would.
+    pub fn pick(&mut self, out: &mut [f32], vocab: usize, history: &[u32]) -> u32 {
+        if out.len() == vocab {
+            return self.sample(out, history);
+        }
+        if out.len() == 1 {
+            return Logits::best_id(out);
+        }
+        let mut cands = std::mem::take(&mut self.cands);
+        cands.clear();
+        cands.extend(out.chunks_exact(2).map(|p| (p[0], p[1].to_bits())));
+        let id = self.sample_top(&cands);
+        self.cands = cands;
+        id
+    }
+
+    /// The pick from `cands`, the largest logits of a row as [`Logits::Top`] orders them,
+    /// which decide it ([`crate::model::top_decides`]): the id [`Sampler::sample`] picks from
+    /// the whole row, the same random draw.
+    pub fn sample_top(&mut self, cands: &[(f32, u32)]) -> u32 {
+        let Some(&(max, first)) = cands.first() else {
+            // Every logit NaN: argmax's 0.
+            return 0;
+        };
+        if !max.is_finite() || self.params.temperature == 0.0 {
+            return first;
+        }
+        let inv_t = 1.0 / self.params.temperature;
+        let n = self.idx.len();
+        let mut c = 0;
+        for &(l, id) in cands {
+            if (id as usize) < n {
+                self.probs[id as usize] = rel_prob(l, max, inv_t);
+                self.idx[c] = id;
+                c += 1;
+            }
+        }
+        let m = if self.params.top_k > 0 && self.params.top_k < c {
+            self.select_top(self.params.top_k, c);
+            self.params.top_k
+        } else {
+            c
+        };
+        let sum = self.idx[..m].iter().map(|&i| self.probs[i as usize]).sum();
+        let m = self.narrow(m, sum);
+        self.draw(m)
     }
 
     /// Restarts the random stream at `seed`.
@@ -165,6 +235,11 @@ impl Sampler {
         let Some(m) = self.filter(logits) else {
             return argmax(logits);
         };
+        self.draw(m)
+    }
+
+    /// Draws one of `idx[..m]` in proportion to its probability.
+    fn draw(&mut self, m: usize) -> u32 {
         let total: f32 = self.idx[..m].iter().map(|&i| self.probs[i as usize]).sum();
         let mut target = self.rng.next_f64() as f32 * total;
         for &i in &self.idx[..m] {
@@ -227,9 +302,8 @@ impl Sampler {
         if !max.is_finite() {
             return None;
         }
-        let prob = |l: f32| ((l - max) * inv_t).exp();
+        let prob = |l: f32| rel_prob(l, max, inv_t);
         let top_k = self.params.top_k;
-        let top_p = self.params.top_p;
         let mut sum = 0.0f32;
         let mut m = n;
         let fast = if top_k > 0 && top_k < n {
@@ -252,10 +326,17 @@ impl Sampler {
                 m = top_k;
             }
         }
+        if m < n {
+            sum = self.idx[..m].iter().map(|&i| self.probs[i as usize]).sum();
+        }
+        Some(self.narrow(m, sum))
+    }
+
+    /// Top-p and min-p over `idx[..m]` (whose probabilities sum to `sum`), most likely first
+    /// where top-k sorted them; returns how many survive.
+    fn narrow(&mut self, mut m: usize, sum: f32) -> usize {
+        let top_p = self.params.top_p;
         if top_p < 1.0 {
-            if m < n {
-                sum = self.idx[..m].iter().map(|&i| self.probs[i as usize]).sum();
-            }
             m = self.top_p_cut(m, sum * top_p);
         }
         if self.params.min_p > 0.0 {
@@ -272,7 +353,7 @@ impl Sampler {
             }
             m = kept.max(1);
         }
-        Some(m)
+        m
     }
 
     /// Top-k without a probability for every id: puts in `idx[..c]` (returned) every id

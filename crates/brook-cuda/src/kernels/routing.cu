@@ -399,3 +399,128 @@ extern "C" __global__ void best_rows(const float* __restrict__ logits, int v, u6
         count[row] = 0u;
     }
 }
+
+// The most likely candidates of each row of logits (`Logits::Top`): the TOP_K largest by
+// (value, lower index) as best_key orders them, NaN left out. First `top_blocks` keys each
+// 64-value block of a row by its largest value (the key's upper word; 0 for a block of NaN).
+// Then `top_rows`, one block a row: the TOP_K-th largest block key F is at most the TOP_K-th
+// largest value's, so every value whose key reaches F, taken from the blocks whose largest
+// does, holds the TOP_K largest; those are sorted and the first TOP_K written. Each row's
+// output: TOP_K pairs (the value, a float whose bits are the index), then the pairs written,
+// the values that reached F (0xffffffff when more than TOP_LIST did: nothing decided) and
+// whether F took every value that is a number, each a float's bits.
+#define TOP_K 64
+#define TOP_LIST 4096
+#define TOP_ROW (2 * TOP_K + 4)
+
+extern "C" __global__ void top_blocks(const float* __restrict__ logits, int v, int nb,
+                                      u32* __restrict__ bkey) {
+    PDL_SYNC();
+    int row = blockIdx.y, lane = threadIdx.x & 31;
+    int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    if (b >= nb) return;
+    const float* l = logits + (long long)row * v;
+    u32 best = 0u;
+    for (int j = lane; j < 64; j += 32) {
+        int i = b * 64 + j;
+        if (i < v) {
+            float x = l[i];
+            bool nan = (__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u;
+            u32 k = nan ? 0u : (u32)(best_key(x, (u32)i) >> 32);
+            best = k > best ? k : best;
+        }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        u32 other = __shfl_xor_sync(0xffffffffu, best, o);
+        best = other > best ? other : best;
+    }
+    if (lane == 0) bkey[(long long)row * nb + b] = best;
+}
+
+// Sorts s[0..n) (n a power of two) from largest to smallest, with every thread of the block.
+template <typename T>
+__device__ void bitonic_desc(T* s, int n) {
+    for (int k = 2; k <= n; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n; i += blockDim.x) {
+                int p = i ^ j;
+                if (p > i) {
+                    T a = s[i], c = s[p];
+                    bool desc = (i & k) == 0;
+                    if (desc ? (a < c) : (a > c)) {
+                        s[i] = c;
+                        s[p] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+}
+
+// One block a row; nb (blocks of 64 values a row) at most 2·TOP_LIST.
+extern "C" __global__ void top_rows(const float* __restrict__ logits, int v, int nb,
+                                    const u32* __restrict__ bkey, float* __restrict__ out) {
+    PDL_SYNC();
+    __shared__ u64 list[TOP_LIST];
+    __shared__ u32 count;
+    u32* keys = (u32*)list;
+    int row = blockIdx.x, tid = threadIdx.x, lane = tid & 31;
+    const u32* bk = bkey + (long long)row * nb;
+    const float* l = logits + (long long)row * v;
+    float* o = out + (long long)row * TOP_ROW;
+    int p = 1;
+    while (p < nb) p <<= 1;
+    for (int i = tid; i < p; i += blockDim.x) keys[i] = i < nb ? bk[i] : 0u;
+    __syncthreads();
+    bitonic_desc(keys, p);
+    // Fewer than TOP_K blocks, or fewer holding a number: no floor, take every number.
+    u32 f = nb >= TOP_K ? keys[TOP_K - 1] : 0u;
+    bool every = f == 0u;
+    if (every) f = 1u;
+    __syncthreads();
+    if (tid == 0) count = 0u;
+    __syncthreads();
+    for (int b = tid >> 5; b < nb; b += blockDim.x >> 5) {
+        if (bk[b] < f) continue;
+        for (int j = lane; j < 64; j += 32) {
+            int i = b * 64 + j;
+            if (i >= v) continue;
+            float x = l[i];
+            if ((__float_as_uint(x) & 0x7fffffffu) > 0x7f800000u) continue;
+            u64 k = best_key(x, (u32)i);
+            if ((u32)(k >> 32) >= f) {
+                u32 at = atomicAdd(&count, 1u);
+                if (at < TOP_LIST) list[at] = k;
+            }
+        }
+    }
+    __syncthreads();
+    u32 c = count;
+    if (c > TOP_LIST) {
+        if (tid == 0) {
+            o[2 * TOP_K] = __uint_as_float(0u);
+            o[2 * TOP_K + 1] = __uint_as_float(0xffffffffu);
+            o[2 * TOP_K + 2] = __uint_as_float(0u);
+        }
+        return;
+    }
+    int q = 1;
+    while (q < (int)c) q <<= 1;
+    for (int i = (int)c + tid; i < q; i += blockDim.x) list[i] = 0ull;
+    __syncthreads();
+    bitonic_desc(list, q);
+    int m = min((int)c, TOP_K);
+    for (int j = tid; j < m; j += blockDim.x) {
+        u64 k = list[j];
+        u32 hi = (u32)(k >> 32);
+        u32 bits = (hi & 0x80000000u) ? (hi & 0x7fffffffu) : ~hi;
+        o[2 * j] = __uint_as_float(bits);
+        o[2 * j + 1] = __uint_as_float(0xffffffffu - (u32)k);
+    }
+    if (tid == 0) {
+        o[2 * TOP_K] = __uint_as_float((u32)m);
+        o[2 * TOP_K + 1] = __uint_as_float(c);
+        o[2 * TOP_K + 2] = __uint_as_float(every ? 1u : 0u);
+    }
+}

@@ -531,3 +531,172 @@ fn greedy_picks_on_the_gpu_are_the_argmax_of_the_logits() {
         }
     }
 }
+
+/// The most likely candidates made on the GPU (`Logits::Top`): the kernels against the host's
+/// `top_candidates` on rows of ties, NaN, infinities, signed zeros and too many equal values;
+/// then through the engine (a prompt, one-token steps with and without graphs, a batched
+/// step beside greedy and plain sequences), each pick against the same sampler's pick from
+/// the logits of the same step.
+#[test]
+fn candidates_on_the_gpu_pick_what_the_logits_pick() {
+    use brook_core::model::{TopWant, top_candidates};
+    use brook_core::text::{Sampler, SamplingParams};
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(37);
+    for v in [129usize, 1000, 4097, 248_320] {
+        let mut rows: Vec<Vec<f32>> = vec![rng.vec(v, 5.0)];
+        let mut r = rng.vec(v, 1.0);
+        for i in (0..v).step_by(v / 50 + 1) {
+            r[i] = 3.25;
+        }
+        r[v - 1] = f32::INFINITY;
+        rows.push(r);
+        let mut r = vec![f32::NAN; v];
+        for i in (0..v).step_by(v / 20 + 1) {
+            r[i] = (i % 3) as f32 - 1.0;
+        }
+        r[v / 2] = -0.0;
+        r[v / 3] = f32::NEG_INFINITY;
+        rows.push(r);
+        rows.push(vec![f32::NAN; v]);
+        rows.push(vec![0.5; v]);
+        let flat: Vec<f32> = rows.concat();
+        let n = rows.len();
+        let d = g.upload(&flat, "logits").expect("upload");
+        let keys = g.zeros(n * v.div_ceil(64) * 4, "keys").expect("keys");
+        let out = g.zeros(n * ops::TOP_ROW * 4, "out").expect("out");
+        ops::top_rows(&g, d.ptr, v, n, keys.ptr, out.ptr).expect("launch");
+        let mut got = vec![0f32; n * ops::TOP_ROW];
+        g.copy_out(out.ptr, &mut got).expect("read");
+        let mut want = Vec::new();
+        for (ri, (row, t)) in rows.iter().zip(got.chunks_exact(ops::TOP_ROW)).enumerate() {
+            let whole = top_candidates(row, &mut want);
+            let (m, c) = (t[128].to_bits() as usize, t[129].to_bits());
+            if c == u32::MAX {
+                // Only where more than the kernel's list reach the floor.
+                assert!(
+                    row.iter().filter(|x| **x == 0.5).count() > 4096,
+                    "v {v} row {ri}"
+                );
+                continue;
+            }
+            let pairs: Vec<(f32, u32)> = t[..2 * m]
+                .chunks_exact(2)
+                .map(|p| (p[0], p[1].to_bits()))
+                .collect();
+            assert_eq!(pairs, want, "vocabulary {v}, row {ri}");
+            let every = t[130].to_bits() == 1;
+            assert_eq!(every && c as usize <= ops::TOP_K, whole, "v {v} row {ri}");
+        }
+    }
+
+    let params = SamplingParams {
+        temperature: 0.8,
+        top_k: 20,
+        top_p: 0.95,
+        seed: 5,
+        ..Default::default()
+    };
+    let tw = TopWant {
+        k: 20,
+        temperature: 0.8f32.to_bits(),
+    };
+    let top = Logits::Top(tw);
+    let mut short = 0;
+    for name in ["qwen35-q4", "next-q4"] {
+        let model = Arc::new(Model::open(&fixture(name)).expect("open"));
+        let v = model.cfg.vocab_size;
+        let sampler = Sampler::new(params.clone(), v).expect("sampler");
+        assert_eq!(sampler.want(), top);
+        // The pick the sampler makes from a call's output, against its pick from the row.
+        let check = |out: &[f32], row: &[f32], what: &str, short: &mut usize| {
+            let (mut a, mut b) = (sampler.clone(), sampler.clone());
+            let mut row = row.to_vec();
+            let mut out = out.to_vec();
+            if out.len() != v {
+                *short += 1;
+            }
+            for d in 0..8 {
+                assert_eq!(
+                    a.pick(&mut out, v, &[]),
+                    b.sample(&mut row, &[]),
+                    "{name} {what}: draw {d}"
+                );
+            }
+        };
+        for graphs in [true, false] {
+            let mut cuda = cuda_seqs(&model, 4);
+            cuda.graphs = graphs;
+            let mut fw = Forward::new(cuda);
+            let mut states = Vec::new();
+            let mut nexts = Vec::new();
+            for p in &common::batch::prompts() {
+                let mut st = fw.new_state(64);
+                let mut st_top = st.clone();
+                let last = fw
+                    .forward(&mut st, p, Logits::Last)
+                    .expect("prefill")
+                    .to_vec();
+                let got = fw
+                    .forward(&mut st_top, p, top)
+                    .expect("prefill top")
+                    .to_vec();
+                check(&got, &last, "prompt", &mut short);
+                let mut next = argmax(&last);
+                for i in 0..3 {
+                    let mut again = st.clone();
+                    let got = fw.forward(&mut again, &[next], top).expect("top").to_vec();
+                    let last = fw.forward(&mut st, &[next], Logits::Last).expect("last");
+                    check(
+                        &got,
+                        last,
+                        &format!("graphs {graphs}, token {i}"),
+                        &mut short,
+                    );
+                    next = argmax(last);
+                }
+                states.push(st);
+                nexts.push(next);
+            }
+            // One batched step: candidates, a greedy pick, logits, candidates; then every
+            // sequence's logits from the same states.
+            let wants = [top, Logits::Best, Logits::Last, top];
+            let mut outs: Vec<Vec<Vec<f32>>> = vec![Vec::new(); 2];
+            for (round, out) in outs.iter_mut().enumerate() {
+                let mut sts = states.clone();
+                *out = vec![Vec::new(); 4];
+                let ids: Vec<[u32; 1]> = nexts.iter().map(|&t| [t]).collect();
+                let mut parts: Vec<Part<'_>> = sts
+                    .iter_mut()
+                    .zip(out.iter_mut())
+                    .zip(&ids)
+                    .zip(wants)
+                    .map(|(((state, out), id), want)| Part {
+                        state,
+                        tokens: id,
+                        want: if round == 0 { want } else { Logits::Last },
+                        out,
+                        result: Ok(()),
+                    })
+                    .collect();
+                fw.step_parts(&mut parts);
+                assert!(parts.iter().all(|p| p.result.is_ok()));
+            }
+            for (i, want) in wants.iter().enumerate() {
+                let (got, row) = (&outs[0][i], &outs[1][i]);
+                match want {
+                    Logits::Best => assert_eq!(Logits::best_id(got), argmax(row)),
+                    Logits::Last => assert!(same_bits(got, row), "{name}: batched logits"),
+                    _ => check(
+                        got,
+                        row,
+                        &format!("graphs {graphs}, batched {i}"),
+                        &mut short,
+                    ),
+                }
+            }
+        }
+    }
+    // The fixtures' rows are ordinary: the candidates decided them (none fell back to rows).
+    assert!(short >= 30, "{short} calls handed back candidates");
+}

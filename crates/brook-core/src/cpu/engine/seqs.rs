@@ -315,7 +315,9 @@ impl Head<'_> {
                     let s = &mut seqs[sp.seq];
                     let rows = match s.want {
                         Logits::All => sp.rows.clone(),
-                        Logits::Last | Logits::Best => sp.rows.end - 1..sp.rows.end,
+                        Logits::Last | Logits::Best | Logits::Top(_) => {
+                            sp.rows.end - 1..sp.rows.end
+                        }
                         Logits::None => continue,
                     };
                     let n = rows.len();
