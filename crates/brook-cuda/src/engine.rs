@@ -49,11 +49,14 @@ impl Engine for CudaModel {
     }
 
     fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
-        if !self.picks {
-            for s in step.seqs.iter_mut() {
-                if matches!(s.want, Logits::Best | Logits::Top(_)) {
-                    s.want = Logits::Last;
-                }
+        for s in step.seqs.iter_mut() {
+            let row = match s.want {
+                Logits::Best => !self.picks,
+                Logits::Top(_) => !(self.picks && self.tops),
+                _ => false,
+            };
+            if row {
+                s.want = Logits::Last;
             }
         }
         // Decoded tokens and small chunks of several sequences run as batched steps where

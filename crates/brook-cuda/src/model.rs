@@ -94,6 +94,9 @@ pub struct CudaModel {
     /// Make greedy picks and candidates on the GPU (`Logits::Best`, `Logits::Top`) instead
     /// of handing back rows (`switches::picks`).
     pub picks: bool,
+    /// Find the candidates of `Logits::Top` on the GPU (`switches::top_candidates`, off by
+    /// default: not yet measured on a GPU); otherwise such a call gets its row.
+    pub tops: bool,
     /// Logits of the tokens of a small chunk that nobody asked for.
     spare: Vec<f32>,
     /// Page-locked staging the logits come back through.
@@ -228,6 +231,7 @@ impl CudaModel {
             batched_steps: 0,
             graphs: opts.graphs,
             picks: crate::switches::picks(),
+            tops: crate::switches::top_candidates(),
             spare: Vec::new(),
             host_logits: Default::default(),
             given: None,

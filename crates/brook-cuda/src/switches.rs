@@ -34,6 +34,14 @@ pub fn picks() -> bool {
     std::env::var("BROOK_CUDA_PICKS").map_or(true, |v| v != "0")
 }
 
+/// `BROOK_CUDA_TOP=1`: the most likely candidates of a row found on the GPU where a sampler
+/// asks for them (`Logits::Top`); off by default until measured on a GPU (written in the
+/// fifth session of 2026-12-06, whose device time ran out before it ran: docs/CUDA.md).
+/// Off, such a sampler gets its row.
+pub fn top_candidates() -> bool {
+    std::env::var("BROOK_CUDA_TOP").is_ok_and(|v| v == "1")
+}
+
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
 /// transparent huge pages and registered with the driver, instead of the driver's own
 /// page-locked allocation (an experiment, off: docs/bench/2026-12-06.md, "The slow hosts,
