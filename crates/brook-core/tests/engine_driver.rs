@@ -284,3 +284,100 @@ fn a_panicking_step_fails_its_calls_and_the_batcher_goes_on() {
         .expect("step 2 runs");
     assert_eq!(out.len(), model.cfg.vocab_size);
 }
+
+/// The reference engine handing back a row's most likely candidates where they decide the
+/// pick (`Logits::Top`), as the CUDA engine does, else the row.
+#[derive(Debug)]
+struct Candidates<'m> {
+    inner: Reference<'m>,
+    /// Steps whose candidates went back instead of the row.
+    short: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Engine for Candidates<'_> {
+    fn name(&self) -> &'static str {
+        "candidates"
+    }
+    fn model(&self) -> &Model {
+        self.inner.model()
+    }
+    fn caps(&self) -> Caps {
+        Caps {
+            max_seqs: 1,
+            ..self.inner.caps()
+        }
+    }
+    fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
+        self.inner.place(state, tokens)
+    }
+    fn step(&mut self, step: Step<'_, '_>) -> Result<()> {
+        let s = &mut step.seqs[0];
+        let (want, start) = (s.want, s.logits.len());
+        let mut row = Vec::new();
+        let mut one = [brook_core::engine::SeqStep {
+            state: &mut *s.state,
+            tokens: s.tokens,
+            want,
+            logits: &mut row,
+        }];
+        self.inner.step(Step {
+            seqs: &mut one,
+            routing: Routing::Router,
+            trace: None,
+        })?;
+        let out = &mut *s.logits;
+        if let Logits::Top(w) = want {
+            let mut cands = Vec::new();
+            let whole = brook_core::model::top_candidates(&row, &mut cands);
+            if brook_core::model::top_decides(&cands, whole, w) {
+                self.short
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                out.truncate(start);
+                for (l, id) in cands {
+                    out.extend([l, f32::from_bits(id)]);
+                }
+                return Ok(());
+            }
+        }
+        out.extend_from_slice(&row);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_sampler_draws_the_same_tokens_from_candidates_as_from_rows() {
+    use brook_core::text::{Sampler, SamplingParams};
+    let model = Model::open(&fixture("qwen35-q4")).expect("open");
+    let v = model.cfg.vocab_size;
+    let params = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.9,
+        min_p: 0.02,
+        seed: 17,
+        ..Default::default()
+    };
+    let run = |top: bool| -> (Vec<u32>, usize) {
+        let mut sampler = Sampler::new(params.clone(), v).expect("sampler");
+        let want = if top { sampler.want() } else { Logits::Last };
+        assert!(!top || matches!(want, Logits::Top(_)));
+        let short = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let mut f = Forward::new(Candidates {
+            inner: Reference::new(&model),
+            short: short.clone(),
+        });
+        let mut st = f.new_state(0);
+        let mut out = f.forward(&mut st, &TOKENS, want).expect("prompt").to_vec();
+        let mut ids = Vec::new();
+        for _ in 0..24 {
+            let id = sampler.pick(&mut out, v, &[]);
+            ids.push(id);
+            out = f.forward(&mut st, &[id], want).expect("decode").to_vec();
+        }
+        (ids, short.load(std::sync::atomic::Ordering::Relaxed))
+    };
+    let (rows, _) = run(false);
+    let (cands, short) = run(true);
+    assert_eq!(rows, cands);
+    assert!(short >= 20, "{short} of 25 steps handed back candidates");
+}
