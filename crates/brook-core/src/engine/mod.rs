@@ -41,7 +41,9 @@ pub struct SeqStep<'a> {
     pub tokens: &'a [u32],
     /// Which of this step's logits the engine appends to `logits`.
     pub want: Logits,
-    /// Receives `want.len(tokens.len(), vocab)` floats.
+    /// Receives `want.len(tokens.len(), vocab)` floats; for [`Logits::Best`] and
+    /// [`Logits::Top`] an engine without a faster way may hand back the last position's row
+    /// instead (the driver reduces it to the pick; a sampler takes either).
     pub logits: &'a mut Vec<f32>,
 }
 
