@@ -354,12 +354,7 @@ impl CudaModel {
         rows: usize,
         take: impl FnOnce(&[f32]),
     ) -> Result<()> {
-        let s = &self.s;
-        let v = self.cfg().vocab_size;
-        ops::top_rows(&self.gpu, logits, v, rows, s.top_keys.ptr, s.top.ptr)?;
-        let src = self.s.top.ptr;
-        self.host_logits
-            .read(&self.gpu, src, rows * ops::TOP_ROW, take)
+        self.reduced(Reduce::Top, logits, rows, take)
     }
 
     /// Hands `take` the greedy pick of each of `rows` rows of logits at `logits` (one float a
@@ -371,12 +366,32 @@ impl CudaModel {
         rows: usize,
         take: impl FnOnce(&[f32]),
     ) -> Result<()> {
-        let s = &self.s;
-        let v = self.cfg().vocab_size;
-        let (part, count) = (s.best_part.ptr, s.best_count.ptr);
-        ops::best_rows(&self.gpu, logits, v, rows, part, count, s.best.ptr)?;
-        let src = self.s.best.ptr;
-        self.host_logits.read(&self.gpu, src, rows, take)
+        self.reduced(Reduce::Best, logits, rows, take)
+    }
+
+    /// Reduces each of `rows` rows of logits at `logits` on the GPU as `r` says and hands
+    /// `take` what comes back.
+    fn reduced(
+        &mut self,
+        r: Reduce,
+        logits: u64,
+        rows: usize,
+        take: impl FnOnce(&[f32]),
+    ) -> Result<()> {
+        let (s, g) = (&self.s, &self.gpu);
+        let v = self.model.cfg.vocab_size;
+        let (src, floats) = match r {
+            Reduce::Best => {
+                let (part, count) = (s.best_part.ptr, s.best_count.ptr);
+                ops::best_rows(g, logits, v, rows, part, count, s.best.ptr)?;
+                (s.best.ptr, rows)
+            }
+            Reduce::Top => {
+                ops::top_rows(g, logits, v, rows, s.top_keys.ptr, s.top.ptr)?;
+                (s.top.ptr, rows * ops::TOP_ROW)
+            }
+        };
+        self.host_logits.read(&self.gpu, src, floats, take)
     }
 
     /// A small chunk one token at a time (see [`CudaOptions::small_chunk`]). Each token asks
@@ -575,6 +590,15 @@ pub const SMALL_CHUNK: usize = 32;
 
 /// Most sequences one step of the CUDA engine takes.
 pub const MAX_SEQS: usize = 64;
+
+/// What [`CudaModel::reduced`] makes of rows of logits on the GPU.
+#[derive(Debug, Clone, Copy)]
+enum Reduce {
+    /// The greedy pick (`ops::best_rows`).
+    Best,
+    /// The most likely candidates (`ops::top_rows`).
+    Top,
+}
 
 /// Options of the CUDA backend from brook's open options.
 ///
