@@ -126,8 +126,7 @@ impl CudaModel {
     /// One decoded token for each of `seqs` (states placed on this GPU, one token each).
     pub(crate) fn step_batch(&mut self, seqs: &mut [SeqStep<'_>]) -> Result<()> {
         let n = seqs.len();
-        let cfg = self.model.cfg.clone();
-        let (layers, v) = (cfg.num_hidden_layers, cfg.vocab_size);
+        let layers = self.model.cfg.num_hidden_layers;
         let Some(mut b) = self.batch.take() else {
             return Err(Error::Invalid(
                 "this CUDA engine takes one sequence a step".into(),
@@ -176,55 +175,9 @@ impl CudaModel {
                 Some(g) if self.graphs => g.launch(&self.gpu, "launching a batched step")?,
                 _ => self.enqueue_batch(&b, n, layers)?,
             }
-            // The greedy picks come back as 4 bytes a sequence and the candidates as about
-            // half a kilobyte; whole rows only where a sequence asked for its logits or its
-            // candidates decided nothing.
-            let tops = ops::top_fits(v);
-            let mut row: Vec<bool> = seqs
-                .iter()
-                .map(|s| match s.want {
-                    Logits::Last | Logits::All => true,
-                    Logits::Top(_) => !tops,
-                    Logits::Best | Logits::None => false,
-                })
-                .collect();
-            let best = seqs.iter().any(|s| s.want == Logits::Best);
-            if best {
-                self.best_of(b.logits.ptr, n, |ids| {
-                    for (s, &id) in seqs.iter_mut().zip(ids) {
-                        if s.want == Logits::Best {
-                            s.logits.push(id);
-                        }
-                    }
-                })?;
-            }
-            let top = tops && seqs.iter().any(|s| matches!(s.want, Logits::Top(_)));
-            if top {
-                self.top_of(b.logits.ptr, n, |all| {
-                    let rows = all.chunks_exact(ops::TOP_ROW);
-                    for ((s, t), r) in seqs.iter_mut().zip(rows).zip(&mut row) {
-                        if let Logits::Top(w) = s.want {
-                            match ops::top_pairs(t, w) {
-                                Some(pairs) => s.logits.extend_from_slice(pairs),
-                                None => *r = true,
-                            }
-                        }
-                    }
-                })?;
-            }
-            if row.iter().any(|&r| r) {
-                self.host_logits
-                    .read(&self.gpu, b.logits.ptr, n * v, |all| {
-                        let mut outs: Vec<_> = seqs
-                            .iter_mut()
-                            .zip(&row)
-                            .map(|(s, &r)| r.then_some(&mut *s.logits))
-                            .collect();
-                        crate::buffers::spread_rows(all, v, &mut outs);
-                    })?;
-            } else if !best && !top {
-                self.gpu.sync()?;
-            }
+            let mut parts: Vec<(Logits, &mut Vec<f32>)> =
+                seqs.iter_mut().map(|s| (s.want, &mut *s.logits)).collect();
+            self.hand_back(b.logits.ptr, &mut parts)?;
             self.syncs += 1;
             self.batched_steps += 1;
             for s in seqs.iter_mut() {

@@ -22,6 +22,7 @@ pub mod gpu;
 pub mod model;
 pub mod nvrtc;
 pub mod ops;
+pub mod picks;
 mod scratch;
 pub mod state;
 pub mod switches;

@@ -321,77 +321,14 @@ impl CudaModel {
             self.linear(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
         }
         let src = self.s.logits.ptr;
-        let mut row = true;
-        match want {
-            Logits::Best => {
-                self.best_of(src, 1, |ids| out.extend_from_slice(ids))?;
-                row = false;
-            }
-            Logits::Top(w) if ops::top_fits(v) => {
-                self.top_of(src, 1, |t| {
-                    if let Some(pairs) = ops::top_pairs(t, w) {
-                        out.extend_from_slice(pairs);
-                        row = false;
-                    }
-                })?;
-            }
-            _ => {}
-        }
-        if row {
+        if want == Logits::All {
             self.host_logits
                 .read(&self.gpu, src, rows * v, |l| out.extend_from_slice(l))?;
+        } else {
+            self.hand_back(src, &mut [(want, out)])?;
         }
         self.syncs += 1;
         Ok(())
-    }
-
-    /// Hands `take` the most likely candidates of each of `rows` rows of logits at `logits`
-    /// (`ops::TOP_ROW` floats a row, [`ops::top_pairs`] reads one), computed on the GPU; the
-    /// rows stay where they are for a caller whose candidates decide nothing.
-    pub(crate) fn top_of(
-        &mut self,
-        logits: u64,
-        rows: usize,
-        take: impl FnOnce(&[f32]),
-    ) -> Result<()> {
-        self.reduced(Reduce::Top, logits, rows, take)
-    }
-
-    /// Hands `take` the greedy pick of each of `rows` rows of logits at `logits` (one float a
-    /// row whose bits are the id, [`Logits::Best`]), computed on the GPU: 4 bytes a row
-    /// come back instead of the row.
-    pub(crate) fn best_of(
-        &mut self,
-        logits: u64,
-        rows: usize,
-        take: impl FnOnce(&[f32]),
-    ) -> Result<()> {
-        self.reduced(Reduce::Best, logits, rows, take)
-    }
-
-    /// Reduces each of `rows` rows of logits at `logits` on the GPU as `r` says and hands
-    /// `take` what comes back.
-    fn reduced(
-        &mut self,
-        r: Reduce,
-        logits: u64,
-        rows: usize,
-        take: impl FnOnce(&[f32]),
-    ) -> Result<()> {
-        let (s, g) = (&self.s, &self.gpu);
-        let v = self.model.cfg.vocab_size;
-        let (src, floats) = match r {
-            Reduce::Best => {
-                let (part, count) = (s.best_part.ptr, s.best_count.ptr);
-                ops::best_rows(g, logits, v, rows, part, count, s.best.ptr)?;
-                (s.best.ptr, rows)
-            }
-            Reduce::Top => {
-                ops::top_rows(g, logits, v, rows, s.top_keys.ptr, s.top.ptr)?;
-                (s.top.ptr, rows * ops::TOP_ROW)
-            }
-        };
-        self.host_logits.read(&self.gpu, src, floats, take)
     }
 
     /// A small chunk one token at a time (see [`CudaOptions::small_chunk`]). Each token asks
@@ -590,15 +527,6 @@ pub const SMALL_CHUNK: usize = 32;
 
 /// Most sequences one step of the CUDA engine takes.
 pub const MAX_SEQS: usize = 64;
-
-/// What [`CudaModel::reduced`] makes of rows of logits on the GPU.
-#[derive(Debug, Clone, Copy)]
-enum Reduce {
-    /// The greedy pick (`ops::best_rows`).
-    Best,
-    /// The most likely candidates (`ops::top_rows`).
-    Top,
-}
 
 /// Options of the CUDA backend from brook's open options.
 ///

@@ -59,13 +59,13 @@ pub(crate) struct Scratch {
     pub(crate) tokens: DevBuf,
     pub(crate) meta: DevBuf,
     pub(crate) logits: DevBuf,
-    /// The greedy picks of up to `seqs` rows of logits (`ops::best_rows`): a key a block of
+    /// The greedy picks of up to `seqs` rows of logits (`picks::best_rows`): a key a block of
     /// a row, a counter a row (zero between launches) and the ids.
     pub(crate) best_part: DevBuf,
     pub(crate) best_count: DevBuf,
     pub(crate) best: DevBuf,
-    /// The most likely candidates of up to `seqs` rows (`ops::top_rows`): a key a 64-value
-    /// block of a row, then `ops::TOP_ROW` floats a row.
+    /// The most likely candidates of up to `seqs` rows (`picks::top_rows`): a key a 64-value
+    /// block of a row, then `picks::TOP_ROW` floats a row.
     pub(crate) top_keys: DevBuf,
     pub(crate) top: DevBuf,
     pub(crate) inv_freq: DevBuf,
@@ -139,11 +139,11 @@ impl Scratch {
             tokens: f(c, "tokens")?,
             meta: f(4, "positions")?,
             logits: f(cfg.vocab_size, "logits")?,
-            best_part: gpu.alloc(seqs.max(1) * crate::ops::BEST_BLOCKS * 8, "greedy picks")?,
+            best_part: gpu.alloc(seqs.max(1) * crate::picks::BEST_BLOCKS * 8, "greedy picks")?,
             best_count: gpu.zeros(seqs.max(1) * 4, "greedy picks")?,
             best: f(seqs.max(1), "greedy picks")?,
             top_keys: f(seqs.max(1) * cfg.vocab_size.div_ceil(64), "candidates")?,
-            top: f(seqs.max(1) * crate::ops::TOP_ROW, "candidates")?,
+            top: f(seqs.max(1) * crate::picks::TOP_ROW, "candidates")?,
             inv_freq: gpu.upload(&inv, "RoPE frequencies")?,
         })
     }

@@ -21,6 +21,8 @@ mod batch;
 mod layers;
 #[path = "gpu/model.rs"]
 mod model;
+#[path = "gpu/picks.rs"]
+mod picks;
 
 use std::sync::Arc;
 
