@@ -5,25 +5,25 @@
 
 /// `BROOK_CUDA_GRAPHS=0`: no CUDA graphs (for profilers that time kernels one at a time).
 pub fn graphs() -> bool {
-    std::env::var("BROOK_CUDA_GRAPHS").map_or(true, |v| v != "0")
+    on_unless_0("BROOK_CUDA_GRAPHS")
 }
 
 /// `BROOK_CUDA_PDL=0`: no programmatic dependent launch (Hopper and later have it).
 pub fn pdl() -> bool {
-    std::env::var("BROOK_CUDA_PDL").map_or(true, |v| v != "0")
+    on_unless_0("BROOK_CUDA_PDL")
 }
 
 /// `BROOK_CUDA_TC=0`: the CUDA cores' matrix kernels instead of the tensor cores' (Ampere
 /// and later have them).
 pub fn tensor_cores() -> bool {
-    std::env::var("BROOK_CUDA_TC").map_or(true, |v| v != "0")
+    on_unless_0("BROOK_CUDA_TC")
 }
 
 /// `BROOK_CUDA_PREFETCH=0`: no prefetch of guessed experts in the mapped tier (on by
 /// default since it copies at most [`prefetch_cap`] guesses: 1.8-4.7 % faster at an 8 GiB
 /// GPU budget on the H100, where copying every guess was not faster than none).
 pub fn prefetch() -> bool {
-    std::env::var("BROOK_CUDA_PREFETCH").map_or(true, |v| v != "0")
+    on_unless_0("BROOK_CUDA_PREFETCH")
 }
 
 /// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
@@ -31,7 +31,7 @@ pub fn prefetch() -> bool {
 /// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the
 /// GPU").
 pub fn picks() -> bool {
-    std::env::var("BROOK_CUDA_PICKS").map_or(true, |v| v != "0")
+    on_unless_0("BROOK_CUDA_PICKS")
 }
 
 /// `BROOK_CUDA_TOP=1`: the most likely candidates of a row found on the GPU where a sampler
@@ -39,7 +39,7 @@ pub fn picks() -> bool {
 /// fifth session of 2026-12-06, whose device time ran out before it ran: docs/CUDA.md).
 /// Off, such a sampler gets its row.
 pub fn top_candidates() -> bool {
-    std::env::var("BROOK_CUDA_TOP").is_ok_and(|v| v == "1")
+    on_if_1("BROOK_CUDA_TOP")
 }
 
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
@@ -47,7 +47,7 @@ pub fn top_candidates() -> bool {
 /// page-locked allocation (an experiment, off: docs/bench/2026-12-06.md, "The slow hosts,
 /// narrowed").
 pub fn host_huge() -> bool {
-    std::env::var("BROOK_CUDA_HOST_HUGE").is_ok_and(|v| v == "1")
+    on_if_1("BROOK_CUDA_HOST_HUGE")
 }
 
 /// `BROOK_CUDA_PREFETCH_CAP=N` (1 to top-k): the most mapped guesses a prefetch copies,
@@ -63,6 +63,16 @@ pub fn prefetch_cap(k: usize) -> usize {
 /// beside it needs the SMs).
 pub fn prefetch_blocks() -> usize {
     count_switch("BROOK_CUDA_PREFETCH_BLOCKS", 1..=1024, 16)
+}
+
+/// A switch on by default: off where `name` is "0".
+fn on_unless_0(name: &str) -> bool {
+    std::env::var(name).map_or(true, |v| v != "0")
+}
+
+/// A switch off by default: on where `name` is "1".
+fn on_if_1(name: &str) -> bool {
+    std::env::var(name).is_ok_and(|v| v == "1")
 }
 
 /// A count from the environment variable `name` within `range`, else `default` (with a
@@ -95,7 +105,7 @@ fn count_in(v: Option<&str>, range: &std::ops::RangeInclusive<usize>) -> Option<
 /// (1 to 1024) otherwise; 0 with `BROOK_CUDA_GATHER_FLAGS=0` (the products then wait for the
 /// gather's end).
 pub fn gather_blocks(sms: usize) -> usize {
-    if std::env::var("BROOK_CUDA_GATHER_FLAGS").is_ok_and(|v| v == "0") {
+    if !on_unless_0("BROOK_CUDA_GATHER_FLAGS") {
         return 0;
     }
     count_switch("BROOK_CUDA_GATHER_BLOCKS", 1..=1024, (sms / 2).max(1))
