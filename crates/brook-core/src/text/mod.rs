@@ -16,6 +16,7 @@ mod generation;
 mod isolate;
 mod message;
 mod pyjson;
+mod rng;
 mod sampler;
 mod stream;
 mod strftime;
