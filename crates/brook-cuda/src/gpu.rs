@@ -25,6 +25,7 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/matvec.cu"),
     include_str!("kernels/tensor.cu"),
     include_str!("kernels/tensor_n.cu"),
+    include_str!("kernels/experts_tc.cu"),
     include_str!("kernels/matmul.cu"),
     include_str!("kernels/routing.cu"),
     include_str!("kernels/mixers.cu"),

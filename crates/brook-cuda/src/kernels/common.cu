@@ -1,6 +1,6 @@
 // brook's CUDA kernels, compiled at run time by NVRTC for the device found. The source is
-// this file and then matvec.cu, tensor.cu, matmul.cu, routing.cu, mixers.cu and delta.cu,
-// joined in that order (`gpu::SOURCE`).
+// this file and then matvec.cu, tensor.cu, tensor_n.cu, experts_tc.cu, matmul.cu, routing.cu,
+// mixers.cu and delta.cu, joined in that order (`gpu::SOURCE`).
 //
 // Activations are f32 throughout. Weights stay in the checkpoint's own bytes: MLX affine
 // quantization (`bits` 2..8, little-endian bit packing across u32 words, per-group scale and
