@@ -126,9 +126,6 @@ pub struct Gpu {
     /// Launch kernels with programmatic dependent launch (Hopper and later, unless
     /// `BROOK_CUDA_PDL=0`): a kernel may start while the one before it finishes.
     pub pdl: bool,
-    /// The many-vector dense kernels' geometry (`switches::tcn_max`, `switches::tcn_blocks`):
-    /// the most vectors a block takes and the blocks an SM runs.
-    pub tcn: (usize, usize),
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
     /// `BROOK_CUDA_TC=0`; see kernels/tensor.cu).
     tensor_cores: AtomicBool,
@@ -318,7 +315,6 @@ impl Gpu {
             module,
             compile_s,
             pdl: cc.0 >= 9 && crate::switches::pdl(),
-            tcn: (crate::switches::tcn_max(), crate::switches::tcn_blocks()),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),

@@ -204,14 +204,14 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
         let split = tc_split(sms, tiles, 1, cols, QMV_WARPS);
         // The smallest kernel that holds the vectors (every vector it has room for is
         // computed, present or not), eight a block beyond; it lays out room for all of them.
-        let nv = nvec.next_power_of_two().min(g.tcn.0.min(TCN));
+        let nv = nvec.next_power_of_two().min(TCN);
         let kernel = g.k.qmv_tcn[nv.trailing_zeros() as usize - 1];
         let groups = nvec.div_ceil(nv);
         let n_bytes = tc_smem(cols, nv) + nv * tc_part_bytes(QMV_WARPS);
         if n_bytes <= g.max_smem as usize {
             let bx = tiles
                 .div_ceil(QMV_WARPS / split)
-                .clamp(1, (g.tcn.1 * sms / groups).max(1)) as u32;
+                .clamp(1, (sms / groups).max(1)) as u32;
             a.arg(nvec as i32).arg(split as i32).arg(x).arg(y);
             let grid = (bx, groups as u32, 1);
             return g.launch(kernel, grid, 256, n_bytes as u32, &mut a);

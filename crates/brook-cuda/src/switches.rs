@@ -65,22 +65,6 @@ pub fn prefetch_blocks() -> usize {
     count_switch("BROOK_CUDA_PREFETCH_BLOCKS", 1..=1024, 16)
 }
 
-/// `BROOK_CUDA_TCN_MAX=N` (2, 4 or 8): the most vectors a block of the many-vector dense
-/// kernels takes (`qmv_tcn2`, 4, 8); 8 by default. Fewer a block mean more blocks, each with
-/// fewer registers, each weight tile read by more of them (an experiment).
-pub fn tcn_max() -> usize {
-    match count_switch("BROOK_CUDA_TCN_MAX", 2..=8, 8) {
-        n if n.is_power_of_two() => n,
-        _ => 8,
-    }
-}
-
-/// `BROOK_CUDA_TCN_BLOCKS=N` (1 to 4): blocks an SM of the many-vector dense kernels' launch;
-/// 1 by default (an experiment: more, where registers allow, keep more loads in flight).
-pub fn tcn_blocks() -> usize {
-    count_switch("BROOK_CUDA_TCN_BLOCKS", 1..=4, 1)
-}
-
 /// A switch on by default: off where `name` is "0".
 fn on_unless_0(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")
