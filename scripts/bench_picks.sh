@@ -3,8 +3,8 @@
 # sitting on a GPU machine (docs/CUDA.md, `Logits::Best` and `Logits::Top`): the GPU tests
 # of both, the engine alone (gpu_steps), `generate` sampling with Qwen's generation config
 # (the same seed must give the same tokens both ways), and `serve` with sampled streams
-# through curl. Each pair runs `BROOK_CUDA_PICKS=0` (rows) then the build's own choice, with
-# `BROOK_CUDA_TOP=1` (the candidates, off by default until measured) on the second.
+# through curl. Each pair runs `BROOK_CUDA_PICKS=0` (rows) then the build's own choice
+# (picks and candidates on the GPU; `BROOK_CUDA_TOP=1` is the default, named for the log).
 #
 # Usage: scripts/bench_picks.sh DIR MODEL [ROUNDS]
 #   DIR: a build from `scripts/gpu-check.sh build` (brook, gpu-tests, gpu_steps);

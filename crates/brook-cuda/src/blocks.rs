@@ -346,7 +346,9 @@ impl CudaModel {
             // Replayed routes too are read back from the GPU, as the router's would be, so a
             // replay waits as a real routing does.
             let mut ids = vec![0i32; k];
+            let t0 = std::time::Instant::now();
             self.gpu.copy_out(sel, &mut ids)?;
+            self.route_s += t0.elapsed().as_secs_f64();
             self.syncs += 1;
             let mut ids: Vec<usize> = ids.iter().map(|&x| x as usize).collect();
             ids.sort_unstable();

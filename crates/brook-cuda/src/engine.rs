@@ -100,6 +100,9 @@ impl Engine for CudaModel {
             batched_steps: self.batched_steps,
             hbm_gb_s: 0.0,
             h2d_gb_s: 0.0,
+            expert_wait_s: c.wait_s,
+            expert_stage_s: c.stage_s,
+            route_wait_s: self.route_s,
         })
     }
 }

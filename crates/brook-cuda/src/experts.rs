@@ -47,8 +47,10 @@ pub struct GpuCacheStats {
     pub bytes: u64,
     /// The part of `bytes` the picks asked for (all of it but a prefetch's wrong guesses).
     pub needed: u64,
-    /// Seconds the host spent waiting for expert bytes and staging them.
-    pub load_s: f64,
+    /// Seconds the host spent waiting for expert bytes to land.
+    pub wait_s: f64,
+    /// Seconds the host spent staging them (copies into page-locked buffers, queued DMA).
+    pub stage_s: f64,
     /// Mapped picks a prefetch had already gathered (not copied again).
     pub prefetch_used: u64,
 }
@@ -89,6 +91,8 @@ pub struct GpuExperts {
     free: Vec<u32>,
     staging: Vec<(Pinned, sys::CUevent)>,
     next_stage: usize,
+    /// Stage streamed experts in the order their reads land (`switches::land_order`).
+    land_order: bool,
     /// Pinned copy of one layer's table slice, queued on the stream after its experts.
     table_stage: Pinned,
     pub stats: GpuCacheStats,
@@ -195,6 +199,7 @@ impl GpuExperts {
             free: (0..nslots as u32).rev().collect(),
             staging,
             next_stage: 0,
+            land_order: crate::switches::land_order(),
             table_stage: Pinned::new(gpu, cfg.num_experts * 8)?,
             stats: GpuCacheStats::default(),
         };
@@ -407,13 +412,25 @@ impl GpuExperts {
             };
             slots.push(s);
         }
-        let t = Instant::now();
         let m = self.mats[layer].clone();
         let per = model.experts.capacity().max(1);
         for (miss, slots) in miss.chunks(per).zip(slots.chunks(per)) {
             let handles = model.experts.fetch(layer, miss)?;
-            for ((&e, h), &s) in miss.iter().zip(&handles).zip(slots) {
+            // Staged in the order they land (the reads finish out of order), so the last
+            // one to land leaves only its own staging before the layer can run.
+            let mut pending: Vec<usize> = (0..handles.len()).collect();
+            while !pending.is_empty() {
+                let at = if self.land_order {
+                    pending.iter().position(|&j| handles[j].landed())
+                } else {
+                    None
+                };
+                let j = pending.remove(at.unwrap_or(0));
+                let (e, h, s) = (miss[j], &handles[j], slots[j]);
+                let t = Instant::now();
                 h.wait()?;
+                self.stats.wait_s += t.elapsed().as_secs_f64();
+                let t = Instant::now();
                 let v = h.view();
                 let dst = self.slot_addr(s);
                 let (buf, ev) = &mut self.staging[self.next_stage];
@@ -438,9 +455,9 @@ impl GpuExperts {
                 self.owner[s as usize] = k;
                 self.stats.bytes += n as u64;
                 self.stats.needed += n as u64;
+                self.stats.stage_s += t.elapsed().as_secs_f64();
             }
         }
-        self.stats.load_s += t.elapsed().as_secs_f64();
         for &e in ids {
             let k = layer * self.experts + e;
             self.lfu

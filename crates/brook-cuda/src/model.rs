@@ -87,6 +87,8 @@ pub struct CudaModel {
     out: Vec<f32>,
     /// Host synchronisations so far (for the benchmark's count per token).
     pub syncs: u64,
+    /// Seconds spent waiting for streamed layers' routing (the copy back of their picks).
+    pub route_s: f64,
     /// Batched steps so far (batch.rs).
     pub batched_steps: u64,
     /// Replay one-token decode steps as CUDA graphs (when every expert is resident).
@@ -94,8 +96,8 @@ pub struct CudaModel {
     /// Make greedy picks and candidates on the GPU (`Logits::Best`, `Logits::Top`) instead
     /// of handing back rows (`switches::picks`).
     pub picks: bool,
-    /// Find the candidates of `Logits::Top` on the GPU (`switches::top_candidates`, off by
-    /// default: not yet measured on a GPU); otherwise such a call gets its row.
+    /// Find the candidates of `Logits::Top` on the GPU (`switches::top_candidates`);
+    /// otherwise such a call gets its row.
     pub tops: bool,
     /// Logits of the tokens of a small chunk that nobody asked for.
     spare: Vec<f32>,
@@ -228,6 +230,7 @@ impl CudaModel {
             opts,
             host_in,
             syncs: 0,
+            route_s: 0.0,
             batched_steps: 0,
             graphs: opts.graphs,
             picks: crate::switches::picks(),

@@ -34,12 +34,18 @@ pub fn picks() -> bool {
     on_unless_0("BROOK_CUDA_PICKS")
 }
 
-/// `BROOK_CUDA_TOP=1`: the most likely candidates of a row found on the GPU where a sampler
-/// asks for them (`Logits::Top`); off by default until measured on a GPU (written in the
-/// fifth session of 2026-12-06, whose device time ran out before it ran: docs/CUDA.md).
-/// Off, such a sampler gets its row.
+/// `BROOK_CUDA_TOP=0`: a sampler that asks for its row's most likely candidates
+/// (`Logits::Top`) gets its row, instead of the candidates found on the GPU (on by default
+/// since measured: a 16-sequence step of sampling sequences 10.4-10.6 → 9.5 ms on an H100,
+/// docs/BENCH.md).
 pub fn top_candidates() -> bool {
-    on_if_1("BROOK_CUDA_TOP")
+    on_unless_0("BROOK_CUDA_TOP")
+}
+
+/// `BROOK_CUDA_LAND_ORDER=0`: streamed experts are staged for the GPU in the order they
+/// were asked for, waiting for each read in turn, instead of in the order their reads land.
+pub fn land_order() -> bool {
+    on_unless_0("BROOK_CUDA_LAND_ORDER")
 }
 
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in

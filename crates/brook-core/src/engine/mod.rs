@@ -192,6 +192,18 @@ pub struct GpuStats {
     pub hbm_gb_s: f64,
     /// Pinned host-to-device copy bandwidth, GB/s, where measured.
     pub h2d_gb_s: f64,
+    /// Seconds the host waited for streamed experts' bytes to land (from the disk or the
+    /// host's cache) before staging them for the GPU.
+    #[serde(default)]
+    pub expert_wait_s: f64,
+    /// Seconds the host spent staging streamed experts: copying them into page-locked
+    /// buffers and queuing their copies to the GPU.
+    #[serde(default)]
+    pub expert_stage_s: f64,
+    /// Seconds the host waited for a layer's routing to come back (streamed experts: one
+    /// synchronisation a layer).
+    #[serde(default)]
+    pub route_wait_s: f64,
 }
 
 impl GpuStats {
@@ -206,6 +218,9 @@ impl GpuStats {
             prefetch_used: self.prefetch_used.saturating_sub(earlier.prefetch_used),
             syncs: self.syncs.saturating_sub(earlier.syncs),
             batched_steps: self.batched_steps.saturating_sub(earlier.batched_steps),
+            expert_wait_s: (self.expert_wait_s - earlier.expert_wait_s).max(0.0),
+            expert_stage_s: (self.expert_stage_s - earlier.expert_stage_s).max(0.0),
+            route_wait_s: (self.route_wait_s - earlier.route_wait_s).max(0.0),
             ..self.clone()
         }
     }

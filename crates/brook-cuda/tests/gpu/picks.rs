@@ -233,7 +233,7 @@ fn candidates_on_the_gpu_pick_what_the_logits_pick() {
         for graphs in [true, false] {
             let mut cuda = cuda_seqs(&model, 4);
             cuda.graphs = graphs;
-            // Off by default until measured (`BROOK_CUDA_TOP`); this test checks it.
+            // On unless `BROOK_CUDA_TOP=0`; this test checks it either way.
             cuda.tops = true;
             let mut fw = Forward::new(cuda);
             let mut states = Vec::new();

@@ -55,6 +55,9 @@ pub(super) fn gpu_row(
         hbm_gb_s: hbm,
         h2d_gb_s: h2d,
         limit_tok_s: 1.0 / lim,
+        expert_wait_s_per_token: (g.expert_wait_s - b.expert_wait_s) / steps.max(1) as f64,
+        expert_stage_s_per_token: (g.expert_stage_s - b.expert_stage_s) / steps.max(1) as f64,
+        route_wait_s_per_token: (g.route_wait_s - b.route_wait_s) / steps.max(1) as f64,
     }
 }
 

@@ -143,4 +143,14 @@ pub struct GpuRow {
     /// 1 / max((weight + state bytes) / HBM, needed / PCIe, disk reads / disk (as the row's
     /// limit)).
     pub limit_tok_s: f64,
+    /// Streamed experts, per decoded token: seconds the host waited for their bytes to
+    /// land, seconds it spent staging them for the GPU, and seconds it waited for the
+    /// layers' routing to come back (the rest of a token is the GPU's work and the host's
+    /// own turns).
+    #[serde(default)]
+    pub expert_wait_s_per_token: f64,
+    #[serde(default)]
+    pub expert_stage_s_per_token: f64,
+    #[serde(default)]
+    pub route_wait_s_per_token: f64,
 }
