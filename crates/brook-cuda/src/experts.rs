@@ -93,6 +93,8 @@ pub struct GpuExperts {
     next_stage: usize,
     /// Stage streamed experts in the order their reads land (`switches::land_order`).
     land_order: bool,
+    /// Threads that stage a layer's streamed experts (`switches::stage_threads`).
+    stage_threads: usize,
     /// Pinned copy of one layer's table slice, queued on the stream after its experts.
     table_stage: Pinned,
     pub stats: GpuCacheStats,
@@ -200,6 +202,7 @@ impl GpuExperts {
             staging,
             next_stage: 0,
             land_order: crate::switches::land_order(),
+            stage_threads: crate::switches::stage_threads(),
             table_stage: Pinned::new(gpu, cfg.num_experts * 8)?,
             stats: GpuCacheStats::default(),
         };
@@ -416,46 +419,24 @@ impl GpuExperts {
         let per = model.experts.capacity().max(1);
         for (miss, slots) in miss.chunks(per).zip(slots.chunks(per)) {
             let handles = model.experts.fetch(layer, miss)?;
-            // Staged in the order they land (the reads finish out of order), so the last
-            // one to land leaves only its own staging before the layer can run.
-            let mut pending: Vec<usize> = (0..handles.len()).collect();
-            while !pending.is_empty() {
-                let at = if self.land_order {
-                    pending.iter().position(|&j| handles[j].landed())
-                } else {
-                    None
-                };
-                let j = pending.remove(at.unwrap_or(0));
-                let (e, h, s) = (miss[j], &handles[j], slots[j]);
-                let t = Instant::now();
-                h.wait()?;
-                self.stats.wait_s += t.elapsed().as_secs_f64();
-                let t = Instant::now();
-                let v = h.view();
-                let dst = self.slot_addr(s);
-                let (buf, ev) = &mut self.staging[self.next_stage];
-                self.next_stage = (self.next_stage + 1) % STAGING;
-                // SAFETY: the event was recorded after this buffer's last copy (or never).
-                unsafe { result::event::synchronize(*ev) }
-                    .map_err(|e| err("waiting for a copy", e))?;
-                let img = buf.as_mut_slice();
-                copy_into(&v.gate_proj, &m.place[0], img);
-                copy_into(&v.up_proj, &m.place[1], img);
-                copy_into(&v.down_proj, &m.place[2], img);
-                let n = m.place[2].end;
-                // SAFETY: the staging buffer stays untouched until its event completes; the
-                // slot holds slot_bytes ≥ n.
-                unsafe { self.gpu.copy_in_async(dst, buf.ptr(), n)? };
-                self.gpu.queued_other();
-                // SAFETY: live event and stream.
-                unsafe { result::event::record(*ev, self.gpu.stream) }
-                    .map_err(|e| err("recording an event", e))?;
+            let dsts: Vec<u64> = slots.iter().map(|&s| self.slot_addr(s)).collect();
+            // Every read is in flight; they are staged STAGING at a time, each with a
+            // staging buffer of its own.
+            for (hs, ds) in handles.chunks(STAGING).zip(dsts.chunks(STAGING)) {
+                let bufs = self.next_stage;
+                self.next_stage = (self.next_stage + hs.len()) % STAGING;
+                let times = self.stage(&m, hs, ds, bufs)?;
+                self.stats.wait_s += times.0;
+                self.stats.stage_s += times.1;
+            }
+            self.gpu.queued_other();
+            let n = m.place[2].end;
+            for (&e, &s) in miss.iter().zip(slots) {
                 let k = layer * self.experts + e;
                 self.slot_of[k] = s;
                 self.owner[s as usize] = k;
                 self.stats.bytes += n as u64;
                 self.stats.needed += n as u64;
-                self.stats.stage_s += t.elapsed().as_secs_f64();
             }
         }
         for &e in ids {
@@ -465,4 +446,122 @@ impl GpuExperts {
         }
         Ok(())
     }
+}
+
+/// A staging buffer and the event recorded after its last copy to the GPU.
+struct Stage<'a> {
+    buf: &'a mut Pinned,
+    ev: sys::CUevent,
+}
+
+// SAFETY: the event is only synchronised on and recorded by the one thread that holds the
+// Stage; the driver's event calls are thread-safe.
+unsafe impl Send for Stage<'_> {}
+
+impl GpuExperts {
+    /// Copies the experts of `handles` into GPU slots `dsts` through staging buffers
+    /// `first`, `first + 1`, … (mod STAGING; at most STAGING of them), each staged as its
+    /// read lands: on up to `stage_threads` threads (`switches::stage_threads`), since the
+    /// reads of one layer tend to land together and one thread's copies into page-locked
+    /// memory then run one after another while the GPU and the disk wait. Every copy is
+    /// queued on the stream before this returns. Returns the threads' seconds waiting for
+    /// bytes and staging them, summed over the threads.
+    fn stage(
+        &mut self,
+        m: &ExpertMats,
+        handles: &[brook_core::experts::source::ExpertHandle],
+        dsts: &[u64],
+        first: usize,
+    ) -> Result<(f64, f64)> {
+        let n = handles.len();
+        let mut stages: Vec<Option<Stage<'_>>> = (0..STAGING).map(|_| None).collect();
+        for (i, (buf, ev)) in self.staging.iter_mut().enumerate() {
+            let j = (i + STAGING - first) % STAGING;
+            if j < n {
+                stages[j] = Some(Stage { buf, ev: *ev });
+            }
+        }
+        let stages: Vec<std::sync::Mutex<Stage<'_>>> = stages
+            .into_iter()
+            .flatten()
+            .map(std::sync::Mutex::new)
+            .collect();
+        let threads = self.stage_threads.clamp(1, n.max(1));
+        let gpu = &self.gpu;
+        let land_order = self.land_order;
+        // Which expert each thread takes next: the first landed one not yet taken, else the
+        // first not yet taken (waiting on it).
+        let taken: Vec<std::sync::atomic::AtomicBool> = (0..n)
+            .map(|_| std::sync::atomic::AtomicBool::new(false))
+            .collect();
+        let claim = || -> Option<usize> {
+            use std::sync::atomic::Ordering::AcqRel;
+            let free = |j: &usize| !taken[*j].load(std::sync::atomic::Ordering::Acquire);
+            loop {
+                let pick = land_order
+                    .then(|| (0..n).filter(free).find(|&j| handles[j].landed()))
+                    .flatten()
+                    .or_else(|| (0..n).find(free))?;
+                if !taken[pick].swap(true, AcqRel) {
+                    return Some(pick);
+                }
+            }
+        };
+        let work = || -> Result<(f64, f64)> {
+            if threads > 1 {
+                gpu.bind()?;
+            }
+            let (mut wait, mut stage) = (0.0, 0.0);
+            while let Some(j) = claim() {
+                let t = Instant::now();
+                handles[j].wait()?;
+                wait += t.elapsed().as_secs_f64();
+                let t = Instant::now();
+                let mut st = stages[j].lock().unwrap_or_else(|p| p.into_inner());
+                stage_one(gpu, m, &handles[j].view(), &mut st, dsts[j])?;
+                stage += t.elapsed().as_secs_f64();
+            }
+            Ok((wait, stage))
+        };
+        if threads == 1 {
+            return work();
+        }
+        std::thread::scope(|sc| {
+            let workers: Vec<_> = (1..threads).map(|_| sc.spawn(work)).collect();
+            let mut total = work();
+            for w in workers {
+                let r = w.join().unwrap_or_else(|_| {
+                    Err(Error::Invalid("an expert staging thread panicked".into()))
+                });
+                total = match (total, r) {
+                    (Ok(a), Ok(b)) => Ok((a.0 + b.0, a.1 + b.1)),
+                    (Err(e), _) | (_, Err(e)) => Err(e),
+                };
+            }
+            total
+        })
+    }
+}
+
+/// One expert `v` into staging `st` (once its last copy has run), then its copy into the
+/// GPU slot at `dst` queued on the stream, and the staging's event recorded after it.
+fn stage_one(
+    gpu: &Gpu,
+    m: &ExpertMats,
+    v: &brook_core::experts::source::ExpertView<'_>,
+    st: &mut Stage<'_>,
+    dst: u64,
+) -> Result<()> {
+    // SAFETY: the event was recorded after this buffer's last copy (or never).
+    unsafe { result::event::synchronize(st.ev) }.map_err(|e| err("waiting for a copy", e))?;
+    let img = st.buf.as_mut_slice();
+    copy_into(&v.gate_proj, &m.place[0], img);
+    copy_into(&v.up_proj, &m.place[1], img);
+    copy_into(&v.down_proj, &m.place[2], img);
+    let n = m.place[2].end;
+    // SAFETY: the staging buffer stays untouched until its event completes; the slot holds
+    // slot_bytes ≥ n.
+    unsafe { gpu.copy_in_async(dst, st.buf.ptr(), n)? };
+    // SAFETY: live event and stream.
+    unsafe { result::event::record(st.ev, gpu.stream) }.map_err(|e| err("recording an event", e))
 }

@@ -48,6 +48,13 @@ pub fn land_order() -> bool {
     on_unless_0("BROOK_CUDA_LAND_ORDER")
 }
 
+/// `BROOK_CUDA_STAGE_THREADS=N` (1 to 8): threads that copy a layer's streamed experts into
+/// page-locked staging as their reads land; 4 by default (one thread left the GPU and the
+/// disk waiting while it copied the layer's experts one after another).
+pub fn stage_threads() -> usize {
+    count_switch("BROOK_CUDA_STAGE_THREADS", 1..=8, 4)
+}
+
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
 /// transparent huge pages and registered with the driver, instead of the driver's own
 /// page-locked allocation (an experiment, off: docs/bench/2026-12-06.md, "The slow hosts,
