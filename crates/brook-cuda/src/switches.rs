@@ -42,17 +42,21 @@ pub fn top_candidates() -> bool {
     on_unless_0("BROOK_CUDA_TOP")
 }
 
-/// `BROOK_CUDA_LAND_ORDER=0`: streamed experts are staged for the GPU in the order they
-/// were asked for, waiting for each read in turn, instead of in the order their reads land.
+/// `BROOK_CUDA_LAND_ORDER=1`: streamed experts are staged for the GPU in the order their
+/// reads land instead of the order they were asked for (an experiment, off until measured
+/// on a GPU: written in the sixth session of 2026-12-06, whose device time ran out first;
+/// `scripts/bench_streamed.sh` is its A/B).
 pub fn land_order() -> bool {
-    on_unless_0("BROOK_CUDA_LAND_ORDER")
+    on_if_1("BROOK_CUDA_LAND_ORDER")
 }
 
 /// `BROOK_CUDA_STAGE_THREADS=N` (1 to 8): threads that copy a layer's streamed experts into
-/// page-locked staging as their reads land; 4 by default (one thread left the GPU and the
-/// disk waiting while it copied the layer's experts one after another).
+/// page-locked staging; 1 by default until measured on a GPU (the reads of a layer land
+/// together, and one thread copies them one after another while the disk and the GPU wait;
+/// written in the sixth session of 2026-12-06, whose device time ran out first:
+/// `scripts/bench_streamed.sh` is its A/B).
 pub fn stage_threads() -> usize {
-    count_switch("BROOK_CUDA_STAGE_THREADS", 1..=8, 4)
+    count_switch("BROOK_CUDA_STAGE_THREADS", 1..=8, 1)
 }
 
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
