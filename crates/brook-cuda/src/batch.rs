@@ -86,10 +86,11 @@ impl CudaModel {
                 .filter(|s| wise(s) && s.tokens.len() > r)
                 .map(|s| {
                     let last = r + 1 == s.tokens.len();
+                    // Every token of a call that asked for all; else `Logits::for_chunk`'s rule,
+                    // a round being one token.
                     let want = match s.want {
                         Logits::All => Logits::Last,
-                        Logits::Last | Logits::Best | Logits::Top(_) if last => s.want,
-                        _ => Logits::None,
+                        w => w.for_chunk(last),
                     };
                     SeqStep {
                         state: &mut *s.state,

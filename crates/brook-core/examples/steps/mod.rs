@@ -69,7 +69,7 @@ pub fn report(fw: &mut Forward<'_>, k: usize, steps: usize) -> brook_core::Resul
                 Logits::Best => Logits::best_id(o),
                 // Candidates, most likely first (or the row where they decided nothing).
                 Logits::Top(_) if o.len() != v => o[1].to_bits(),
-                _ => (0..v).fold(0, |b, i| if o[i] > o[b] { i } else { b }) as u32,
+                _ => brook_core::model::argmax(o),
             };
         }
     }
