@@ -35,7 +35,8 @@ for line in sys.stdin:
               d["disk_gb_s"], d["disk_bw_gb_s"], g["hit_rate"], d["demand_hit_rate"]))' "$1"
 }
 for _ in $(seq "$rounds"); do
-    for env in "BROOK_CUDA_STAGE_THREADS=1" "BROOK_CUDA_STAGE_THREADS=4 BROOK_CUDA_LAND_ORDER=1"; do
+    for env in "BROOK_CUDA_STAGE_THREADS=1" "BROOK_CUDA_STAGE_THREADS=4" \
+        "BROOK_CUDA_STAGE_THREADS=4 BROOK_CUDA_LAND_ORDER=1"; do
         # shellcheck disable=SC2086
         env $env "$dir/brook" bench --model "$model" --backend cuda --gpu-memory-budget "$gpu" \
             --memory-budget "$host" -p 0 -n 32 -r 1 --json 2>/dev/null | show "$env:"

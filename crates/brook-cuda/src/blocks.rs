@@ -5,7 +5,7 @@
 use brook_core::Result;
 use brook_core::config::ModelConfig;
 
-use crate::delta::{self, DeltaRule};
+use crate::delta::{self, DeltaRule, DeltaStep};
 use crate::experts::ReadyFlags;
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
@@ -14,6 +14,13 @@ use crate::scratch::ATT_SPLITS;
 use crate::weights::Mat;
 
 impl CudaModel {
+    /// The one-launch kernel of a decoded token's DeltaNet block, where it is on and fits.
+    pub(crate) fn delta_step_kernel(&self) -> Option<crate::gpu::Kernel> {
+        self.delta_step
+            .then(|| delta::delta_step_kernel(&self.gpu, self.cfg()))
+            .flatten()
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn delta_net(
         &self,
@@ -43,6 +50,26 @@ impl CudaModel {
         let (zp, bp, ap) = if t == 1 {
             // One launch: [qkv; z; b; a] follow each other in the qkv scratch.
             ops::qmv_stacked(g, [qkv, z, b, am], s.normed.ptr, s.qkv.ptr)?;
+            if let Some(f) = self.delta_step_kernel() {
+                let step = DeltaStep {
+                    input: s.qkv.ptr,
+                    xs: 0,
+                    z: cd as usize,
+                    b: cd as usize + z.rows as usize,
+                    a: cd as usize + z.rows as usize + nv as usize,
+                    conv_state: conv.ptr,
+                    state: ssm.ptr,
+                    conv_w: conv_w.ptr,
+                    a_log: a_log.ptr,
+                    dt_bias: dt_bias.ptr,
+                    norm: norm.ptr,
+                    y: s.y.ptr,
+                    seqs: 0,
+                    nseq: 1,
+                };
+                delta::delta_step(g, f, cfg, &step)?;
+                return self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr);
+            }
             let zp = s.qkv.ptr + cd as u64 * 4;
             let bp = zp + z.rows as u64 * 4;
             (zp, bp, bp + nv as u64 * 4)

@@ -30,6 +30,7 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/routing.cu"),
     include_str!("kernels/mixers.cu"),
     include_str!("kernels/delta.cu"),
+    include_str!("kernels/delta_step.cu"),
 );
 
 /// A GPU error as a brook error, naming what was being done.
@@ -100,6 +101,7 @@ pub struct Kernels {
     pub delta_chunk_128: Kernel,
     pub delta_chunk_any: Kernel,
     pub gated_norm: Kernel,
+    pub delta_step: [Kernel; 3],
     pub attn_prep: Kernel,
     pub attention: Kernel,
     pub attention_dec: Kernel,
@@ -235,6 +237,11 @@ impl Gpu {
             delta_chunk_128: f("delta_chunk_128")?,
             delta_chunk_any: f("delta_chunk_any")?,
             gated_norm: f("gated_norm")?,
+            delta_step: [
+                f("delta_step_32")?,
+                f("delta_step_64")?,
+                f("delta_step_128")?,
+            ],
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
             attention_dec: f("attention_dec")?,

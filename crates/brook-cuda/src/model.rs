@@ -113,6 +113,9 @@ pub struct CudaModel {
     pub prefetch: bool,
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,
+    /// Decode a token's Gated DeltaNet block in one launch where its shapes allow
+    /// (`switches::delta_step`; kernels/delta_step.cu), else in four.
+    pub delta_step: bool,
     id: u64,
 }
 
@@ -241,6 +244,7 @@ impl CudaModel {
             batch: None,
             prefetch: crate::switches::prefetch(),
             prefetched: false,
+            delta_step: crate::switches::delta_step(),
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {

@@ -42,6 +42,12 @@ pub fn top_candidates() -> bool {
     on_unless_0("BROOK_CUDA_TOP")
 }
 
+/// `BROOK_CUDA_DELTA_STEP=0`: a decoded token's Gated DeltaNet block as four kernels (conv,
+/// gates, delta rule, gated norm) instead of one (kernels/delta_step.cu; the same bits).
+pub fn delta_step() -> bool {
+    on_unless_0("BROOK_CUDA_DELTA_STEP")
+}
+
 /// `BROOK_CUDA_LAND_ORDER=1`: streamed experts are staged for the GPU in the order their
 /// reads land instead of the order they were asked for (an experiment, off until measured
 /// on a GPU: written in the sixth session of 2026-12-06, whose device time ran out first;

@@ -245,6 +245,40 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
     }
 }
 
+/// A decoded token's DeltaNet block in one launch (kernels/delta_step.cu) gives the bits of
+/// its four kernels, one sequence and several, graphs on and off: the fixtures' shapes (dk
+/// 32, value heads of 48, four a key head) and the real models' (dk = dv = 128, two a key
+/// head).
+#[test]
+fn one_launch_deltanet_decode_gives_the_four_kernels_bits() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let models = [
+        ("qwen35-q4", Arc::new(Model::open(&fixture("qwen35-q4")).expect("open"))),
+        ("next-f32", Arc::new(Model::open(&fixture("next-f32")).expect("open"))),
+        ("tensor-core shapes", tensor_core_model(dir.path())),
+    ];
+    for (name, model) in &models {
+        let go = |seqs: usize, one_launch: bool, graphs: bool| {
+            let mut cuda = cuda_seqs(model, seqs);
+            cuda.delta_step = one_launch;
+            cuda.graphs = graphs;
+            run(&mut Forward::new(cuda), seqs > 1)
+        };
+        let want = go(1, false, false);
+        for (seqs, graphs) in [(1, true), (1, false), (4, true), (4, false)] {
+            let got = go(seqs, true, graphs);
+            assert_same_bits(
+                &want,
+                &got,
+                &format!("{name}: one launch, {seqs} sequences, graphs {graphs}"),
+            );
+        }
+    }
+}
+
 #[test]
 fn too_many_sequences_for_the_gpu_budget_is_a_clear_error() {
     if gpu().is_none() {
