@@ -10,6 +10,7 @@ use crate::experts::ReadyFlags;
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
 use crate::ops;
+use crate::router::{self, TopK};
 use crate::scratch::ATT_SPLITS;
 use crate::weights::Mat;
 
@@ -337,14 +338,6 @@ impl CudaModel {
             self.s.sel.ptr,
             self.s.wts.ptr,
         );
-        let sg = if t == 1 {
-            self.linear(router, seg, 1, normed, rlog)?;
-            rlog + e as u64 * 4
-        } else {
-            self.linear(router, Mat::NONE, t, normed, rlog)?;
-            self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
-            self.s.sg.ptr
-        };
         // A replayed routing's experts for this layer: [t][k] ids on the GPU.
         let given = self
             .given
@@ -360,7 +353,31 @@ impl CudaModel {
                 && ops::swiglu_tc_fits(&self.gpu, m.gate, m.up, [sgate, sup])
                 && ops::down_tc_fits(&self.gpu, m.down, sdown, k)
         });
-        self.topk(t, rlog, e, given, sel, wts, flags.as_ref())?;
+        let sg = if t == 1 { rlog + e as u64 * 4 } else { self.s.sg.ptr };
+        let tk = TopK {
+            e,
+            k,
+            norm: cfg.norm_topk_prob,
+            sel,
+            wts,
+            zero: flags
+                .as_ref()
+                .map_or((0, 0), |f| (f.ptr, ReadyFlags::WORDS as i32)),
+        };
+        let stack = [router, seg, Mat::NONE, Mat::NONE];
+        let one_launch = t == 1
+            && given.is_none()
+            && self.router_topk
+            && router::qmv_topk(&self.gpu, stack, normed, rlog, self.s.route_done.ptr, &tk)?;
+        if !one_launch {
+            if t == 1 {
+                self.linear(router, seg, 1, normed, rlog)?;
+            } else {
+                self.linear(router, Mat::NONE, t, normed, rlog)?;
+                self.linear(seg, Mat::NONE, t, normed, sg)?;
+            }
+            self.topk(t, rlog, e, given, sel, wts, flags.as_ref())?;
+        }
         let prefetched = std::mem::take(&mut self.prefetched);
         if prefetched {
             self.gpu.join_wait()?;

@@ -23,6 +23,7 @@ pub mod model;
 pub mod nvrtc;
 pub mod ops;
 pub mod picks;
+mod router;
 mod scratch;
 pub mod state;
 pub mod switches;

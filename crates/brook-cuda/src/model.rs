@@ -116,6 +116,9 @@ pub struct CudaModel {
     /// Decode a token's Gated DeltaNet block in one launch where its shapes allow
     /// (`switches::delta_step`; kernels/delta_step.cu), else in four.
     pub delta_step: bool,
+    /// One token's router and its top-k in one launch where they fit
+    /// (`switches::router_topk`; kernels/routing.cu `qmv1_topk`), else in two.
+    pub router_topk: bool,
     id: u64,
 }
 
@@ -245,6 +248,7 @@ impl CudaModel {
             prefetch: crate::switches::prefetch(),
             prefetched: false,
             delta_step: crate::switches::delta_step(),
+            router_topk: crate::switches::router_topk(),
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {

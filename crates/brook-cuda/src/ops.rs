@@ -6,7 +6,7 @@ use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
 /// Warps per block of the matrix-vector kernels.
-const QMV_WARPS: usize = 8;
+pub(crate) const QMV_WARPS: usize = 8;
 
 /// Bytes of shared memory for `n` activations in the kernels' padded layout (4 floats of
 /// padding after every 32; kernels/matvec.cu `pad`).
@@ -15,7 +15,7 @@ fn padded_bytes(n: usize) -> usize {
 }
 
 /// Shared memory for activations of `cols`, or an error naming the limit.
-fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
+pub(crate) fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
     let b = padded_bytes(cols);
     if b > g.max_smem as usize {
         return Err(Error::Device(format!(
@@ -42,7 +42,7 @@ pub fn tc_fits(m: &Mat, tile: i32) -> bool {
 
 /// Whether every matrix of `ms` fits [`tc_fits`] in the format of the first (the kernels are
 /// instantiated for one scale type and group size per launch) and the GPU uses tensor cores.
-fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
+pub(crate) fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
     let first = ms[0];
     g.tensor_cores()
         && ms.iter().all(|m| {
@@ -56,7 +56,7 @@ const TC_CHUNK_BYTES: usize = 33 * 16;
 
 /// Shared memory of the tensor-core kernels for `nvec` vectors of `cols` activations: the B
 /// fragments ([`TC_CHUNK_BYTES`] a chunk of 128 columns) and the sums per 64 columns.
-fn tc_smem(cols: usize, nvec: usize) -> usize {
+pub(crate) fn tc_smem(cols: usize, nvec: usize) -> usize {
     nvec * (cols / 128 * TC_CHUNK_BYTES + cols / 64 * 4)
 }
 
@@ -73,7 +73,7 @@ fn tc_split(sms: usize, tiles: usize, nvec: usize, cols: usize, max: usize) -> u
 }
 
 /// Shared memory for tc_tiles' partial sums: two buffers of 16 floats per warp.
-fn tc_part_bytes(warps: usize) -> usize {
+pub(crate) fn tc_part_bytes(warps: usize) -> usize {
     2 * warps * 16 * 4
 }
 
@@ -90,7 +90,7 @@ fn qmv_kernel(g: &Gpu, rw: i32) -> crate::gpu::Kernel {
 
 /// Rows per warp step (4 when every resident block gets a step of 4, else 1 to spread a
 /// small matrix over more warps) and the blocks along x for `rows` of each of `nvec` vectors.
-fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
+pub(crate) fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
     geometry_for(g.sms.max(1) as usize, rows, nvec)
 }
 

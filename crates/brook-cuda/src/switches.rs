@@ -48,6 +48,12 @@ pub fn delta_step() -> bool {
     on_unless_0("BROOK_CUDA_DELTA_STEP")
 }
 
+/// `BROOK_CUDA_ROUTER_TOPK=0`: a decoded token's router and its top-k as two launches
+/// instead of one (kernels/routing.cu `qmv1_topk`; the same bits).
+pub fn router_topk() -> bool {
+    on_unless_0("BROOK_CUDA_ROUTER_TOPK")
+}
+
 /// `BROOK_CUDA_LAND_ORDER=1`: streamed experts are staged for the GPU in the order their
 /// reads land instead of the order they were asked for (an experiment, off until measured
 /// on a GPU: written in the sixth session of 2026-12-06, whose device time ran out first;

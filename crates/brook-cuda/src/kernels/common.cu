@@ -90,6 +90,22 @@ __device__ __forceinline__ float ld_state(const float* a) { return *a; }
 __device__ __forceinline__ void st_state(float* a, float v) { *a = v; }
 #endif
 
+// True in the last of n blocks to get here, which then sees every block's writes made
+// before it (read them through L2: `__ldcg`); the count `done` is left at 0 for the next
+// launch. Every thread of those blocks must call it.
+__device__ __forceinline__ bool last_of(u32* done, u32 n) {
+    __shared__ u32 last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(done, 1u) == n - 1u;
+        if (last) atomicExch(done, 0u);
+    }
+    __syncthreads();
+    if (last) __threadfence();
+    return last != 0u;
+}
+
 // Flags a kernel counts up while a later one runs beside it (the mapped experts' gather and
 // the products that read what it copied, routing.cu `gather_ready`): the producer's threads
 // fence their writes, meet at a barrier, and one adds 1; a consumer waits until the count

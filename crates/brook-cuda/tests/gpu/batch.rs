@@ -245,12 +245,14 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
     }
 }
 
-/// A decoded token's DeltaNet block in one launch (kernels/delta_step.cu) gives the bits of
-/// its four kernels, one sequence and several, graphs on and off: the fixtures' shapes (dk
-/// 32, value heads of 48, four a key head) and the real models' (dk = dv = 128, two a key
-/// head).
+/// The one-launch forms of a decoded token's blocks give the bits of their separate
+/// launches: the DeltaNet block (kernels/delta_step.cu, against conv, gates, rule and gated
+/// norm) and the router with its top-k (routing.cu `qmv1_topk`), one sequence and several,
+/// graphs on and off, experts resident and half of them mapped (whose gather's flags the
+/// top-k sets to 0); at the fixtures' shapes (dk 32, value heads of 48, four a key head)
+/// and the real models' (dk = dv = 128, two a key head).
 #[test]
-fn one_launch_deltanet_decode_gives_the_four_kernels_bits() {
+fn one_launch_blocks_give_the_bits_of_their_launches() {
     if gpu().is_none() {
         return;
     }
@@ -261,19 +263,39 @@ fn one_launch_deltanet_decode_gives_the_four_kernels_bits() {
         ("tensor-core shapes", tensor_core_model(dir.path())),
     ];
     for (name, model) in &models {
-        let go = |seqs: usize, one_launch: bool, graphs: bool| {
-            let mut cuda = cuda_seqs(model, seqs);
+        let total = model.cfg.num_hidden_layers * model.cfg.num_experts;
+        let go = |seqs: usize, one_launch: bool, graphs: bool, mapped: bool| {
+            let mut cuda = CudaModel::new(
+                model.clone(),
+                CudaOptions {
+                    max_chunk: CHUNK,
+                    context: 64,
+                    max_seqs: seqs,
+                    expert_slots: mapped.then_some(total / 2),
+                    host_budget: mapped.then_some(64 << 30),
+                    ..Default::default()
+                },
+            )
+            .expect("cuda model");
             cuda.delta_step = one_launch;
+            cuda.router_topk = one_launch;
             cuda.graphs = graphs;
             run(&mut Forward::new(cuda), seqs > 1)
         };
-        let want = go(1, false, false);
-        for (seqs, graphs) in [(1, true), (1, false), (4, true), (4, false)] {
-            let got = go(seqs, true, graphs);
+        let want = go(1, false, false, false);
+        for (seqs, graphs, mapped) in [
+            (1, true, false),
+            (1, false, false),
+            (4, true, false),
+            (4, false, false),
+            (1, true, true),
+            (1, false, true),
+        ] {
+            let got = go(seqs, true, graphs, mapped);
             assert_same_bits(
                 &want,
                 &got,
-                &format!("{name}: one launch, {seqs} sequences, graphs {graphs}"),
+                &format!("{name}: one launch, {seqs} sequences, graphs {graphs}, mapped {mapped}"),
             );
         }
     }
