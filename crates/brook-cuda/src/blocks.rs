@@ -353,7 +353,11 @@ impl CudaModel {
                 && ops::swiglu_tc_fits(&self.gpu, m.gate, m.up, [sgate, sup])
                 && ops::down_tc_fits(&self.gpu, m.down, sdown, k)
         });
-        let sg = if t == 1 { rlog + e as u64 * 4 } else { self.s.sg.ptr };
+        let sg = if t == 1 {
+            rlog + e as u64 * 4
+        } else {
+            self.s.sg.ptr
+        };
         let tk = TopK {
             e,
             k,

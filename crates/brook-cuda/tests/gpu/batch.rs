@@ -258,8 +258,14 @@ fn one_launch_blocks_give_the_bits_of_their_launches() {
     }
     let dir = tempfile::tempdir().expect("tmp");
     let models = [
-        ("qwen35-q4", Arc::new(Model::open(&fixture("qwen35-q4")).expect("open"))),
-        ("next-f32", Arc::new(Model::open(&fixture("next-f32")).expect("open"))),
+        (
+            "qwen35-q4",
+            Arc::new(Model::open(&fixture("qwen35-q4")).expect("open")),
+        ),
+        (
+            "next-f32",
+            Arc::new(Model::open(&fixture("next-f32")).expect("open")),
+        ),
         ("tensor-core shapes", tensor_core_model(dir.path())),
     ];
     for (name, model) in &models {
