@@ -514,6 +514,8 @@ impl CudaModel {
             n,
             e + 1,
             None,
+            None,
         )
+        .map(|_| ())
     }
 }

@@ -7,14 +7,28 @@ use brook_core::config::ModelConfig;
 
 use crate::delta::{self, DeltaRule, DeltaStep};
 use crate::experts::ReadyFlags;
+use crate::fused::{self, TopK};
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
 use crate::ops;
-use crate::router::{self, TopK};
 use crate::scratch::ATT_SPLITS;
 use crate::weights::Mat;
 
 impl CudaModel {
+    /// A mixer's output projection of `t` tokens from `x` into delta, with the norm tail
+    /// pending for it where its kernel takes it ([`Self::end_norm`]).
+    fn project_out(&self, m: Mat, t: usize, x: u64) -> Result<()> {
+        let stack = [m, Mat::NONE, Mat::NONE, Mat::NONE];
+        match self.tail.take() {
+            Some(tail) if t == 1 => {
+                let done = ops::qmv_stacked_tail(&self.gpu, stack, x, self.s.delta.ptr, &tail)?;
+                self.tail_done.set(done);
+                Ok(())
+            }
+            _ => self.linear(m, Mat::NONE, t, x, self.s.delta.ptr),
+        }
+    }
+
     /// The one-launch kernel of a decoded token's DeltaNet block, where it is on and fits.
     pub(crate) fn delta_step_kernel(&self) -> Option<crate::gpu::Kernel> {
         self.delta_step
@@ -69,7 +83,7 @@ impl CudaModel {
                     nseq: 1,
                 };
                 delta::delta_step(g, f, cfg, &step)?;
-                return self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr);
+                return self.project_out(out, t, s.y.ptr);
             }
             let zp = s.qkv.ptr + cd as u64 * 4;
             let bp = zp + z.rows as u64 * 4;
@@ -146,7 +160,7 @@ impl CudaModel {
             0,
             &mut a,
         )?;
-        self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
+        self.project_out(out, t, s.y.ptr)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -237,7 +251,7 @@ impl CudaModel {
         } else {
             g.launch(g.k.attention, (t as u32, nq as u32, 1), 128, smem, &mut a)?;
         }
-        self.linear(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
+        self.project_out(o, t, s.att.ptr)
     }
 
     /// Where the experts are mapped, a one-token step not replaying a routing, and the
@@ -372,7 +386,7 @@ impl CudaModel {
         let one_launch = t == 1
             && given.is_none()
             && self.router_topk
-            && router::qmv_topk(&self.gpu, stack, normed, rlog, self.s.route_done.ptr, &tk)?;
+            && fused::qmv_topk(&self.gpu, stack, normed, rlog, self.s.done.ptr, &tk)?;
         if !one_launch {
             if t == 1 {
                 self.linear(router, seg, 1, normed, rlog)?;
@@ -423,7 +437,8 @@ impl CudaModel {
                 sh,
                 flags.map(|f| (f.ptr, f.need)),
             )?;
-            return ops::moe_down(
+            let tail = self.tail.take();
+            let done = ops::moe_down(
                 &self.gpu,
                 m.down,
                 tab,
@@ -438,7 +453,10 @@ impl CudaModel {
                 1,
                 0,
                 flags.map(|f| (f.down(), f.need)),
-            );
+                tail.as_ref(),
+            )?;
+            self.tail_done.set(done);
+            return Ok(());
         }
         self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
         self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;

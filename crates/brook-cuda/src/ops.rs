@@ -2,6 +2,7 @@
 
 use brook_core::{Error, Result};
 
+use crate::fused::NormTail;
 use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
@@ -142,12 +143,22 @@ pub fn qmv(
             None,
         );
     }
-    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y)
+    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y, None).map(|_| ())
 }
 
 /// y[v] = [m0; m1; m2; m3]·x[v / xdiv] for `nvec` vectors: on the tensor cores where every
 /// matrix fits them, else on the CUDA cores.
-fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
+/// With `tail` (one vector), the kernel's last block runs it after, where the tensor cores
+/// take the rows: returns whether it did.
+fn stacked(
+    g: &Gpu,
+    m: [Mat; 4],
+    xdiv: i32,
+    nvec: usize,
+    x: u64,
+    y: u64,
+    tail: Option<&NormTail>,
+) -> Result<bool> {
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
     let mut a = Args::new();
@@ -163,20 +174,32 @@ fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Resu
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec.max(1)).max(1)) as u32;
-        a.arg(split as i32).arg(x).arg(y);
+        let tail = tail.filter(|_| nvec == 1);
+        a.arg(split as i32)
+            .arg(x)
+            .arg(y)
+            .arg(tail.copied().unwrap_or_default());
         let grid = (bx, nvec as u32, 1);
-        return g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a);
+        g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a)?;
+        return Ok(tail.is_some());
     }
     a.arg(x).arg(y);
     let smem = smem_for(g, cols)?;
     let (rw, bx) = geometry(g, rows, nvec);
-    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)?;
+    Ok(false)
 }
 
 /// y = [m0; m1; m2; m3]·x for one vector: up to four matrices that read the same input in
 /// one launch (their outputs follow each other in y).
 pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
-    stacked(g, m, 1, 1, x, y)
+    stacked(g, m, 1, 1, x, y, None).map(|_| ())
+}
+
+/// [`qmv_stacked`] with `tail` run by its last block where the tensor cores take the rows
+/// (the same bits as a separate `add_rms_norm`): returns whether it was.
+pub fn qmv_stacked_tail(g: &Gpu, m: [Mat; 4], x: u64, y: u64, tail: &NormTail) -> Result<bool> {
+    stacked(g, m, 1, 1, x, y, Some(tail))
 }
 
 /// The most vectors a block of `qmv_tcn` takes (kernels/tensor_n.cu: qmv_tcn2, 4 and 8).
@@ -188,7 +211,7 @@ const TCN: usize = 8;
 /// reading each weight tile once for up to eight vectors.
 pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Result<()> {
     if nvec <= 1 {
-        return stacked(g, m, 1, 1, x, y);
+        return qmv_stacked(g, m, x, y);
     }
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
@@ -219,7 +242,11 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec).max(1)) as u32;
-        a.arg(1i32).arg(split as i32).arg(x).arg(y);
+        a.arg(1i32)
+            .arg(split as i32)
+            .arg(x)
+            .arg(y)
+            .arg(NormTail::default());
         return g.launch(
             g.k.qmv_tc,
             (bx, nvec as u32, 1),
@@ -392,7 +419,8 @@ pub fn moe_down(
     tokens: usize,
     sg_stride: usize,
     ready: Option<(u64, usize)>,
-) -> Result<()> {
+    tail: Option<&NormTail>,
+) -> Result<bool> {
     let ny = tokens.max(1) as u32;
     let mut a = Args::new();
     a.arg(down).arg(tab).arg(sel).arg(wts).arg(k as i32);
@@ -406,12 +434,14 @@ pub fn moe_down(
     if down_tc_fits(g, down, sdown, k) {
         let tc_bytes = down_tc_smem(down, sdown, k);
         ready_args(&mut a, ready, tokens)?;
+        let tail = tail.filter(|_| ny == 1);
+        a.arg(tail.copied().unwrap_or_default());
         // A block a tile for one token; with many tokens about four blocks per SM in all,
         // each taking several tiles for one staging of its token's inputs.
         let tiles = down.rows as usize / 16;
         let sms = g.sms.max(1) as usize;
         let bx = tiles.min((4 * sms).div_ceil(ny as usize)).max(1);
-        return g.launch(
+        g.launch(
             if ready.is_some() {
                 g.k.down_tc_ready
             } else {
@@ -421,7 +451,8 @@ pub fn moe_down(
             (warps * 32) as u32,
             tc_bytes as u32,
             &mut a,
-        );
+        )?;
+        return Ok(tail.is_some());
     }
     if ready.is_some() {
         return Err(Error::Invalid(
@@ -435,7 +466,8 @@ pub fn moe_down(
         256,
         smem,
         &mut a,
-    )
+    )?;
+    Ok(false)
 }
 
 /// The tiled product for many vectors: `t` tokens (dense), or with `tab` the (token, k)

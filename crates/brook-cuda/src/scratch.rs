@@ -42,8 +42,9 @@ pub(crate) struct Scratch {
     pub(crate) att_count: DevBuf,
     // MoE
     pub(crate) rlog: DevBuf,
-    /// The router's finished blocks (ops::qmv_topk), 0 between launches.
-    pub(crate) route_done: DevBuf,
+    /// Finished blocks of the one-launch forms (fused.rs), 0 between launches: the
+    /// router's with its top-k, then a projection's with its norm tail.
+    pub(crate) done: DevBuf,
     pub(crate) sel: DevBuf,
     pub(crate) wts: DevBuf,
     pub(crate) counts: DevBuf,
@@ -125,7 +126,7 @@ impl Scratch {
             )?,
             att_count: gpu.zeros(seqs.max(1) * nq * 4, "attention scratch")?,
             rlog: f((c * e + 1).max(seqs * (e + 1)), "router scratch")?,
-            route_done: gpu.zeros(4, "router scratch")?,
+            done: gpu.zeros(8, "one-launch counters")?,
             sel: f(c * k, "router scratch")?,
             wts: f(c * k, "router scratch")?,
             counts: f(e, "router scratch")?,

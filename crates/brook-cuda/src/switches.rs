@@ -54,6 +54,13 @@ pub fn router_topk() -> bool {
     on_unless_0("BROOK_CUDA_ROUTER_TOPK")
 }
 
+/// `BROOK_CUDA_NORM_TAIL=0`: a decoded token's residual adds and norms as launches of
+/// their own instead of in the last block of the projection before each (kernels/common.cu
+/// `norm_tail`; the same bits).
+pub fn norm_tail() -> bool {
+    on_unless_0("BROOK_CUDA_NORM_TAIL")
+}
+
 /// `BROOK_CUDA_LAND_ORDER=1`: streamed experts are staged for the GPU in the order their
 /// reads land instead of the order they were asked for (an experiment, off until measured
 /// on a GPU: written in the sixth session of 2026-12-06, whose device time ran out first;

@@ -247,7 +247,8 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
 
 /// The one-launch forms of a decoded token's blocks give the bits of their separate
 /// launches: the DeltaNet block (kernels/delta_step.cu, against conv, gates, rule and gated
-/// norm) and the router with its top-k (routing.cu `qmv1_topk`), one sequence and several,
+/// norm), the router with its top-k (routing.cu `qmv1_topk`) and the norms in the last block
+/// of the projection before each (common.cu `norm_tail`), one sequence and several,
 /// graphs on and off, experts resident and half of them mapped (whose gather's flags the
 /// top-k sets to 0); at the fixtures' shapes (dk 32, value heads of 48, four a key head)
 /// and the real models' (dk = dv = 128, two a key head).
@@ -285,6 +286,7 @@ fn one_launch_blocks_give_the_bits_of_their_launches() {
             .expect("cuda model");
             cuda.delta_step = one_launch;
             cuda.router_topk = one_launch;
+            cuda.norm_tail = one_launch;
             cuda.graphs = graphs;
             run(&mut Forward::new(cuda), seqs > 1)
         };

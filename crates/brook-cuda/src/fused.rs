@@ -1,4 +1,7 @@
-//! One token's router and its top-k in one launch (kernels/routing.cu `qmv1_topk`).
+//! One-launch forms of a decoded token's launches, each with the bits of the launches it
+//! replaces: the router with its top-k (kernels/routing.cu `qmv1_topk`), and a projection
+//! with the residual add and RMS norm that follows it in its last block (common.cu
+//! `norm_tail`, taken by `qmv_tc` and `down_tc`).
 
 use brook_core::Result;
 
@@ -48,4 +51,19 @@ pub fn qmv_topk(g: &Gpu, m: [Mat; 4], x: u64, y: u64, done: u64, tk: &TopK) -> R
     let f = g.k.qmv_topk[usize::from(rw == 4)];
     g.launch(f, (bx, 1, 1), 256, smem, &mut a)?;
     Ok(true)
+}
+
+/// The residual add and RMS norm a one-token projection's last block runs after it (x +=
+/// the projection's output; out = rms_norm(x)·w over h values); kernels/common.cu
+/// `NormTail`. All zeros: none.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NormTail {
+    /// A device word at 0, left at 0: the kernel's finished blocks.
+    pub done: u64,
+    pub x: u64,
+    pub w: u64,
+    pub out: u64,
+    pub h: i32,
+    pub eps: f32,
 }
