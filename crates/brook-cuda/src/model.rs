@@ -122,6 +122,9 @@ pub struct CudaModel {
     /// One token's residual adds and norms in the last block of the projection before each
     /// (`switches::norm_tail`; kernels/common.cu `norm_tail`), else launches of their own.
     pub norm_tail: bool,
+    /// Streamed experts: the guessed picks of the next layer the host starts reading while
+    /// the GPU computes (`switches::stream_guesses`; 0: none).
+    pub stream_guesses: usize,
     /// The norm a one-token block's last projection may run in its last block, and whether
     /// it did ([`CudaModel::end_norm`]).
     pub(crate) tail: std::cell::Cell<Option<crate::fused::NormTail>>,
@@ -233,6 +236,7 @@ impl CudaModel {
             }
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
+        let stream_guesses = crate::switches::stream_guesses(model.cfg.num_experts_per_tok);
         let mut m = CudaModel {
             out: Vec::new(),
             model,
@@ -257,6 +261,7 @@ impl CudaModel {
             delta_step: crate::switches::delta_step(),
             router_topk: crate::switches::router_topk(),
             norm_tail: crate::switches::norm_tail(),
+            stream_guesses,
             tail: Default::default(),
             tail_done: Default::default(),
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
