@@ -26,7 +26,6 @@ impl KernelArg for f32 {}
 impl KernelArg for u64 {}
 impl KernelArg for i64 {}
 impl KernelArg for crate::weights::Mat {}
-impl KernelArg for crate::fused::NormTail {}
 
 impl Args {
     pub fn new() -> Self {

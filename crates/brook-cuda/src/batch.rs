@@ -13,7 +13,7 @@ use brook_core::engine::SeqStep;
 use brook_core::model::Logits;
 use brook_core::{Error, Result};
 
-use crate::delta::{self, DeltaRule, DeltaStep};
+use crate::delta::{self, DeltaRule};
 use crate::gpu::{Args, DevBuf, Pinned};
 use crate::model::CudaModel;
 use crate::ops;
@@ -268,32 +268,6 @@ impl CudaModel {
                 let zp = s.qkv.ptr + (cd * 4) as u64;
                 let bp = zp + (z.rows as u64) * 4;
                 let ap = bp + (bm.rows as u64) * 4;
-                if let Some(f) = self.delta_step_kernel() {
-                    let step = DeltaStep {
-                        input: s.qkv.ptr,
-                        xs: stride,
-                        z: cd,
-                        b: cd + z.rows as usize,
-                        a: cd + (z.rows + bm.rows) as usize,
-                        conv_state: 0,
-                        state: 0,
-                        conv_w: conv_w.ptr,
-                        a_log: a_log.ptr,
-                        dt_bias: dt_bias.ptr,
-                        norm: norm.ptr,
-                        y: s.y.ptr,
-                        seqs: tab,
-                        nseq: n,
-                    };
-                    delta::delta_step(g, f, cfg, &step)?;
-                    return ops::qmv_stacked_n(
-                        g,
-                        [*out, Mat::NONE, Mat::NONE, Mat::NONE],
-                        n,
-                        s.y.ptr,
-                        delta,
-                    );
-                }
                 let mut a = Args::new();
                 a.arg(s.qkv.ptr)
                     .arg(0u64)
@@ -514,8 +488,6 @@ impl CudaModel {
             n,
             e + 1,
             None,
-            None,
         )
-        .map(|_| ())
     }
 }

@@ -5,9 +5,8 @@
 use brook_core::Result;
 use brook_core::config::ModelConfig;
 
-use crate::delta::{self, DeltaRule, DeltaStep};
+use crate::delta::{self, DeltaRule};
 use crate::experts::ReadyFlags;
-use crate::fused::{self, TopK};
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
 use crate::ops;
@@ -15,20 +14,6 @@ use crate::scratch::ATT_SPLITS;
 use crate::weights::Mat;
 
 impl CudaModel {
-    /// A mixer's output projection of `t` tokens from `x` into delta, with the norm tail
-    /// pending for it where its kernel takes it ([`Self::end_norm`]).
-    fn project_out(&self, m: Mat, t: usize, x: u64) -> Result<()> {
-        let stack = [m, Mat::NONE, Mat::NONE, Mat::NONE];
-        match self.tail.take() {
-            Some(tail) if t == 1 => {
-                let done = ops::qmv_stacked_tail(&self.gpu, stack, x, self.s.delta.ptr, &tail)?;
-                self.tail_done.set(done);
-                Ok(())
-            }
-            _ => self.linear(m, Mat::NONE, t, x, self.s.delta.ptr),
-        }
-    }
-
     /// Streamed experts, one token: queues the guess of the next layer's picks (its MoE norm
     /// and router on the residual stream as it enters this layer's MoE, whose output is not
     /// known yet) when `switches::stream_guesses` asks for any. Returns whether it did.
@@ -74,13 +59,6 @@ impl CudaModel {
         Ok(())
     }
 
-    /// The one-launch kernel of a decoded token's DeltaNet block, where it is on and fits.
-    pub(crate) fn delta_step_kernel(&self) -> Option<crate::gpu::Kernel> {
-        self.delta_step
-            .then(|| delta::delta_step_kernel(&self.gpu, self.cfg()))
-            .flatten()
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn delta_net(
         &self,
@@ -110,26 +88,6 @@ impl CudaModel {
         let (zp, bp, ap) = if t == 1 {
             // One launch: [qkv; z; b; a] follow each other in the qkv scratch.
             ops::qmv_stacked(g, [qkv, z, b, am], s.normed.ptr, s.qkv.ptr)?;
-            if let Some(f) = self.delta_step_kernel() {
-                let step = DeltaStep {
-                    input: s.qkv.ptr,
-                    xs: 0,
-                    z: cd as usize,
-                    b: cd as usize + z.rows as usize,
-                    a: cd as usize + z.rows as usize + nv as usize,
-                    conv_state: conv.ptr,
-                    state: ssm.ptr,
-                    conv_w: conv_w.ptr,
-                    a_log: a_log.ptr,
-                    dt_bias: dt_bias.ptr,
-                    norm: norm.ptr,
-                    y: s.y.ptr,
-                    seqs: 0,
-                    nseq: 1,
-                };
-                delta::delta_step(g, f, cfg, &step)?;
-                return self.project_out(out, t, s.y.ptr);
-            }
             let zp = s.qkv.ptr + cd as u64 * 4;
             let bp = zp + z.rows as u64 * 4;
             (zp, bp, bp + nv as u64 * 4)
@@ -205,7 +163,7 @@ impl CudaModel {
             0,
             &mut a,
         )?;
-        self.project_out(out, t, s.y.ptr)
+        self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -296,7 +254,7 @@ impl CudaModel {
         } else {
             g.launch(g.k.attention, (t as u32, nq as u32, 1), 128, smem, &mut a)?;
         }
-        self.project_out(o, t, s.att.ptr)
+        self.linear(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
     }
 
     /// Where the experts are mapped, a one-token step not replaying a routing, and the
@@ -397,6 +355,14 @@ impl CudaModel {
             self.s.sel.ptr,
             self.s.wts.ptr,
         );
+        let sg = if t == 1 {
+            self.linear(router, seg, 1, normed, rlog)?;
+            rlog + e as u64 * 4
+        } else {
+            self.linear(router, Mat::NONE, t, normed, rlog)?;
+            self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
+            self.s.sg.ptr
+        };
         // A replayed routing's experts for this layer: [t][k] ids on the GPU.
         let given = self
             .given
@@ -412,35 +378,7 @@ impl CudaModel {
                 && ops::swiglu_tc_fits(&self.gpu, m.gate, m.up, [sgate, sup])
                 && ops::down_tc_fits(&self.gpu, m.down, sdown, k)
         });
-        let sg = if t == 1 {
-            rlog + e as u64 * 4
-        } else {
-            self.s.sg.ptr
-        };
-        let tk = TopK {
-            e,
-            k,
-            norm: cfg.norm_topk_prob,
-            sel,
-            wts,
-            zero: flags
-                .as_ref()
-                .map_or((0, 0), |f| (f.ptr, ReadyFlags::WORDS as i32)),
-        };
-        let stack = [router, seg, Mat::NONE, Mat::NONE];
-        let one_launch = t == 1
-            && given.is_none()
-            && self.router_topk
-            && fused::qmv_topk(&self.gpu, stack, normed, rlog, self.s.done.ptr, &tk)?;
-        if !one_launch {
-            if t == 1 {
-                self.linear(router, seg, 1, normed, rlog)?;
-            } else {
-                self.linear(router, Mat::NONE, t, normed, rlog)?;
-                self.linear(seg, Mat::NONE, t, normed, sg)?;
-            }
-            self.topk(t, rlog, e, given, sel, wts, flags.as_ref())?;
-        }
+        self.topk(t, rlog, e, given, sel, wts, flags.as_ref())?;
         let prefetched = std::mem::take(&mut self.prefetched);
         if prefetched {
             self.gpu.join_wait()?;
@@ -486,8 +424,7 @@ impl CudaModel {
                 sh,
                 flags.map(|f| (f.ptr, f.need)),
             )?;
-            let tail = self.tail.take();
-            let done = ops::moe_down(
+            return ops::moe_down(
                 &self.gpu,
                 m.down,
                 tab,
@@ -502,10 +439,7 @@ impl CudaModel {
                 1,
                 0,
                 flags.map(|f| (f.down(), f.need)),
-                tail.as_ref(),
-            )?;
-            self.tail_done.set(done);
-            return Ok(());
+            );
         }
         self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
         self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;

@@ -6,9 +6,7 @@
 use brook_core::model::delta_net::DeltaMode;
 use brook_core::{Error, Result};
 
-use brook_core::config::ModelConfig;
-
-use crate::gpu::{Args, Gpu, Kernel};
+use crate::gpu::{Args, Gpu};
 
 /// Tokens per chunk of `delta_chunk_*` (kernels/delta.cu `DC_C`).
 const CHUNK_TOKENS: usize = 64;
@@ -110,90 +108,6 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
         _ => g.k.delta_rule_any,
     };
     g.launch(f, grid, COLS as u32, (2 * p.dk * 4) as u32, &mut a)
-}
-
-/// One decoded token of a Gated DeltaNet block for each of `nseq` sequences, in one launch
-/// (kernels/delta_step.cu): conv, gates, delta rule and gated norm, the same bits as those
-/// four kernels. Its buffers; the shapes come from the config.
-#[derive(Debug, Clone, Copy)]
-pub struct DeltaStep {
-    /// The first sequence's stacked projections [qkv; z; b; a], `xs` floats a sequence.
-    pub input: u64,
-    pub xs: usize,
-    /// Where z, b and a start in a sequence's row (floats).
-    pub z: usize,
-    pub b: usize,
-    pub a: usize,
-    /// One sequence's conv state and state (unused with `seqs`).
-    pub conv_state: u64,
-    pub state: u64,
-    pub conv_w: u64,
-    pub a_log: u64,
-    pub dt_bias: u64,
-    pub norm: u64,
-    /// [nseq, nv·dv] gated outputs.
-    pub y: u64,
-    /// A device table of two pointers per sequence (its conv state, its state), or 0.
-    pub seqs: u64,
-    pub nseq: usize,
-}
-
-/// The key width's kernel of [`delta_step`], where the shapes fit it: dk of 32, 64 or 128,
-/// value heads a multiple of key heads, at least a warp of value columns a key head (the
-/// block's threads) and a key head's state (their registers) at most 32768 floats.
-pub fn delta_step_kernel(g: &Gpu, cfg: &ModelConfig) -> Option<Kernel> {
-    let (nk, nv, dk, dv) = (
-        cfg.linear_num_key_heads,
-        cfg.linear_num_value_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-    );
-    let f = match dk {
-        32 => g.k.delta_step[0],
-        64 => g.k.delta_step[1],
-        128 => g.k.delta_step[2],
-        _ => return None,
-    };
-    let fits = nk > 0
-        && nv % nk == 0
-        && (nv / nk) * dv >= 32
-        && (nv / nk) * dv * dk <= 32768
-        && cfg.linear_conv_kernel_dim > 0;
-    fits.then_some(f)
-}
-
-/// Queues [`DeltaStep`] with `f` from [`delta_step_kernel`].
-pub fn delta_step(g: &Gpu, f: Kernel, cfg: &ModelConfig, p: &DeltaStep) -> Result<()> {
-    let (nk, nv, dk, dv) = (
-        cfg.linear_num_key_heads,
-        cfg.linear_num_value_heads,
-        cfg.linear_key_head_dim,
-        cfg.linear_value_head_dim,
-    );
-    let r = nv / nk;
-    let mut a = Args::new();
-    a.arg(p.input)
-        .arg(p.xs as i32)
-        .arg(p.z as i32)
-        .arg(p.b as i32)
-        .arg(p.a as i32)
-        .arg(p.conv_state)
-        .arg(p.state)
-        .arg(p.conv_w)
-        .arg(p.a_log)
-        .arg(p.dt_bias)
-        .arg(p.norm)
-        .arg(p.y)
-        .arg(cfg.conv_dim() as i32)
-        .arg(cfg.linear_conv_kernel_dim as i32)
-        .arg(nk as i32)
-        .arg(nv as i32)
-        .arg(dv as i32)
-        .arg(cfg.rms_norm_eps)
-        .arg(p.seqs);
-    let smem = ((2 * dk + r * dv + 3 * r) * 4) as u32;
-    let grid = (nk as u32, 1, p.nseq.max(1) as u32);
-    g.launch(f, grid, (r * dv) as u32, smem, &mut a)
 }
 
 #[cfg(test)]

@@ -30,7 +30,6 @@ pub const SOURCE: &str = concat!(
     include_str!("kernels/routing.cu"),
     include_str!("kernels/mixers.cu"),
     include_str!("kernels/delta.cu"),
-    include_str!("kernels/delta_step.cu"),
 );
 
 /// A GPU error as a brook error, naming what was being done.
@@ -81,7 +80,6 @@ pub struct Kernels {
     pub add_rms_norm: Kernel,
     pub topk: Kernel,
     pub topk_given: Kernel,
-    pub qmv_topk: [Kernel; 2],
     pub best_rows: Kernel,
     pub top_blocks: Kernel,
     pub top_rows: Kernel,
@@ -102,7 +100,6 @@ pub struct Kernels {
     pub delta_chunk_128: Kernel,
     pub delta_chunk_any: Kernel,
     pub gated_norm: Kernel,
-    pub delta_step: [Kernel; 3],
     pub attn_prep: Kernel,
     pub attention: Kernel,
     pub attention_dec: Kernel,
@@ -218,7 +215,6 @@ impl Gpu {
             add_rms_norm: f("add_rms_norm")?,
             topk: f("topk")?,
             topk_given: f("topk_given")?,
-            qmv_topk: [f("qmv1_topk")?, f("qmv4_topk")?],
             best_rows: f("best_rows")?,
             top_blocks: f("top_blocks")?,
             top_rows: f("top_rows")?,
@@ -239,11 +235,6 @@ impl Gpu {
             delta_chunk_128: f("delta_chunk_128")?,
             delta_chunk_any: f("delta_chunk_any")?,
             gated_norm: f("gated_norm")?,
-            delta_step: [
-                f("delta_step_32")?,
-                f("delta_step_64")?,
-                f("delta_step_128")?,
-            ],
             attn_prep: f("attn_prep")?,
             attention: f("attention")?,
             attention_dec: f("attention_dec")?,
@@ -258,8 +249,6 @@ impl Gpu {
         let large_smem = [
             k.qmv1,
             k.qmv4,
-            k.qmv_topk[0],
-            k.qmv_topk[1],
             k.qmv_sel,
             k.qmv_swiglu,
             k.moe_down,

@@ -17,7 +17,6 @@ mod buffers;
 pub mod delta;
 mod engine;
 pub mod experts;
-mod fused;
 mod given;
 pub mod gpu;
 pub mod model;

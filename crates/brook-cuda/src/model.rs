@@ -113,22 +113,9 @@ pub struct CudaModel {
     pub prefetch: bool,
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,
-    /// Decode a token's Gated DeltaNet block in one launch where its shapes allow
-    /// (`switches::delta_step`; kernels/delta_step.cu), else in four.
-    pub delta_step: bool,
-    /// One token's router and its top-k in one launch where they fit
-    /// (`switches::router_topk`; kernels/routing.cu `qmv1_topk`), else in two.
-    pub router_topk: bool,
-    /// One token's residual adds and norms in the last block of the projection before each
-    /// (`switches::norm_tail`; kernels/common.cu `norm_tail`), else launches of their own.
-    pub norm_tail: bool,
     /// Streamed experts: the guessed picks of the next layer the host starts reading while
     /// the GPU computes (`switches::stream_guesses`; 0: none).
     pub stream_guesses: usize,
-    /// The norm a one-token block's last projection may run in its last block, and whether
-    /// it did ([`CudaModel::end_norm`]).
-    pub(crate) tail: std::cell::Cell<Option<crate::fused::NormTail>>,
-    pub(crate) tail_done: std::cell::Cell<bool>,
     id: u64,
 }
 
@@ -258,12 +245,7 @@ impl CudaModel {
             batch: None,
             prefetch: crate::switches::prefetch(),
             prefetched: false,
-            delta_step: crate::switches::delta_step(),
-            router_topk: crate::switches::router_topk(),
-            norm_tail: crate::switches::norm_tail(),
             stream_guesses,
-            tail: Default::default(),
-            tail_done: Default::default(),
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {
@@ -493,14 +475,11 @@ impl CudaModel {
         self.gpu
             .launch(self.gpu.k.embed, (t as u32, 1, 1), 256, 0, &mut a)?;
         let (x, normed, delta) = (s.x.ptr, s.normed.ptr, s.delta.ptr);
-        self.tail.set(None);
-        self.tail_done.set(false);
         for i in 0..cfg.num_hidden_layers {
             let l = &self.dense.layers[i];
             let d = if i == 0 { 0 } else { delta };
-            self.end_norm(x, d, l.input_norm.ptr, normed, t)?;
+            self.norm(x, d, l.input_norm.ptr, normed, t)?;
             self.prefetched = self.prefetch_experts(cfg, i, t)?;
-            self.pend_norm(t, l.post_norm.ptr);
             match (&l.mixer, &dev.layers[i]) {
                 (
                     MixerGpu::Delta {
@@ -535,43 +514,12 @@ impl CudaModel {
                 }
                 _ => return Err(Error::Invalid(format!("state does not fit layer {i}"))),
             }
-            self.end_norm(x, delta, l.post_norm.ptr, normed, t)?;
-            let next = match self.dense.layers.get(i + 1) {
-                Some(n) => n.input_norm.ptr,
-                None => self.dense.norm.ptr,
-            };
-            self.pend_norm(t, next);
+            self.norm(x, delta, l.post_norm.ptr, normed, t)?;
             self.moe(cfg, i, t)?;
         }
         let s = &self.s;
-        self.end_norm(s.x.ptr, s.delta.ptr, self.dense.norm.ptr, s.normed.ptr, t)?;
+        self.norm(s.x.ptr, s.delta.ptr, self.dense.norm.ptr, s.normed.ptr, t)?;
         Ok(())
-    }
-
-    /// Offers the next block's last projection the norm with weights `w` that follows it
-    /// (one token: x += delta, normed = rms_norm(x)·w in its last block).
-    fn pend_norm(&self, t: usize, w: u64) {
-        let s = &self.s;
-        self.tail_done.set(false);
-        self.tail.set(
-            (self.norm_tail && t == 1).then_some(crate::fused::NormTail {
-                done: s.done.ptr + 4,
-                x: s.x.ptr,
-                w,
-                out: s.normed.ptr,
-                h: self.cfg().hidden_size as i32,
-                eps: self.cfg().rms_norm_eps,
-            }),
-        );
-    }
-
-    /// The norm [`Self::pend_norm`] offered, unless a projection ran it.
-    fn end_norm(&self, x: u64, d: u64, w: u64, out: u64, t: usize) -> Result<()> {
-        self.tail.set(None);
-        if self.tail_done.replace(false) {
-            return Ok(());
-        }
-        self.norm(x, d, w, out, t)
     }
 }
 

@@ -2,12 +2,11 @@
 
 use brook_core::{Error, Result};
 
-use crate::fused::NormTail;
 use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
 /// Warps per block of the matrix-vector kernels.
-pub(crate) const QMV_WARPS: usize = 8;
+const QMV_WARPS: usize = 8;
 
 /// Bytes of shared memory for `n` activations in the kernels' padded layout (4 floats of
 /// padding after every 32; kernels/matvec.cu `pad`).
@@ -16,7 +15,7 @@ fn padded_bytes(n: usize) -> usize {
 }
 
 /// Shared memory for activations of `cols`, or an error naming the limit.
-pub(crate) fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
+fn smem_for(g: &Gpu, cols: usize) -> Result<u32> {
     let b = padded_bytes(cols);
     if b > g.max_smem as usize {
         return Err(Error::Device(format!(
@@ -43,7 +42,7 @@ pub fn tc_fits(m: &Mat, tile: i32) -> bool {
 
 /// Whether every matrix of `ms` fits [`tc_fits`] in the format of the first (the kernels are
 /// instantiated for one scale type and group size per launch) and the GPU uses tensor cores.
-pub(crate) fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
+fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
     let first = ms[0];
     g.tensor_cores()
         && ms.iter().all(|m| {
@@ -57,7 +56,7 @@ const TC_CHUNK_BYTES: usize = 33 * 16;
 
 /// Shared memory of the tensor-core kernels for `nvec` vectors of `cols` activations: the B
 /// fragments ([`TC_CHUNK_BYTES`] a chunk of 128 columns) and the sums per 64 columns.
-pub(crate) fn tc_smem(cols: usize, nvec: usize) -> usize {
+fn tc_smem(cols: usize, nvec: usize) -> usize {
     nvec * (cols / 128 * TC_CHUNK_BYTES + cols / 64 * 4)
 }
 
@@ -74,7 +73,7 @@ fn tc_split(sms: usize, tiles: usize, nvec: usize, cols: usize, max: usize) -> u
 }
 
 /// Shared memory for tc_tiles' partial sums: two buffers of 16 floats per warp.
-pub(crate) fn tc_part_bytes(warps: usize) -> usize {
+fn tc_part_bytes(warps: usize) -> usize {
     2 * warps * 16 * 4
 }
 
@@ -91,7 +90,7 @@ fn qmv_kernel(g: &Gpu, rw: i32) -> crate::gpu::Kernel {
 
 /// Rows per warp step (4 when every resident block gets a step of 4, else 1 to spread a
 /// small matrix over more warps) and the blocks along x for `rows` of each of `nvec` vectors.
-pub(crate) fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
+fn geometry(g: &Gpu, rows: usize, nvec: usize) -> (i32, u32) {
     geometry_for(g.sms.max(1) as usize, rows, nvec)
 }
 
@@ -143,22 +142,12 @@ pub fn qmv(
             None,
         );
     }
-    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y, None).map(|_| ())
+    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y)
 }
 
 /// y[v] = [m0; m1; m2; m3]·x[v / xdiv] for `nvec` vectors: on the tensor cores where every
 /// matrix fits them, else on the CUDA cores.
-/// With `tail` (one vector), the kernel's last block runs it after, where the tensor cores
-/// take the rows: returns whether it did.
-fn stacked(
-    g: &Gpu,
-    m: [Mat; 4],
-    xdiv: i32,
-    nvec: usize,
-    x: u64,
-    y: u64,
-    tail: Option<&NormTail>,
-) -> Result<bool> {
+fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
     let mut a = Args::new();
@@ -174,32 +163,20 @@ fn stacked(
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec.max(1)).max(1)) as u32;
-        let tail = tail.filter(|_| nvec == 1);
-        a.arg(split as i32)
-            .arg(x)
-            .arg(y)
-            .arg(tail.copied().unwrap_or_default());
+        a.arg(split as i32).arg(x).arg(y);
         let grid = (bx, nvec as u32, 1);
-        g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a)?;
-        return Ok(tail.is_some());
+        return g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a);
     }
     a.arg(x).arg(y);
     let smem = smem_for(g, cols)?;
     let (rw, bx) = geometry(g, rows, nvec);
-    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)?;
-    Ok(false)
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
 }
 
 /// y = [m0; m1; m2; m3]·x for one vector: up to four matrices that read the same input in
 /// one launch (their outputs follow each other in y).
 pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
-    stacked(g, m, 1, 1, x, y, None).map(|_| ())
-}
-
-/// [`qmv_stacked`] with `tail` run by its last block where the tensor cores take the rows
-/// (the same bits as a separate `add_rms_norm`): returns whether it was.
-pub fn qmv_stacked_tail(g: &Gpu, m: [Mat; 4], x: u64, y: u64, tail: &NormTail) -> Result<bool> {
-    stacked(g, m, 1, 1, x, y, Some(tail))
+    stacked(g, m, 1, 1, x, y)
 }
 
 /// The most vectors a block of `qmv_tcn` takes (kernels/tensor_n.cu: qmv_tcn2, 4 and 8).
@@ -211,7 +188,7 @@ const TCN: usize = 8;
 /// reading each weight tile once for up to eight vectors.
 pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Result<()> {
     if nvec <= 1 {
-        return qmv_stacked(g, m, x, y);
+        return stacked(g, m, 1, 1, x, y);
     }
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
@@ -242,11 +219,7 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec).max(1)) as u32;
-        a.arg(1i32)
-            .arg(split as i32)
-            .arg(x)
-            .arg(y)
-            .arg(NormTail::default());
+        a.arg(1i32).arg(split as i32).arg(x).arg(y);
         return g.launch(
             g.k.qmv_tc,
             (bx, nvec as u32, 1),
@@ -419,8 +392,7 @@ pub fn moe_down(
     tokens: usize,
     sg_stride: usize,
     ready: Option<(u64, usize)>,
-    tail: Option<&NormTail>,
-) -> Result<bool> {
+) -> Result<()> {
     let ny = tokens.max(1) as u32;
     let mut a = Args::new();
     a.arg(down).arg(tab).arg(sel).arg(wts).arg(k as i32);
@@ -434,14 +406,12 @@ pub fn moe_down(
     if down_tc_fits(g, down, sdown, k) {
         let tc_bytes = down_tc_smem(down, sdown, k);
         ready_args(&mut a, ready, tokens)?;
-        let tail = tail.filter(|_| ny == 1);
-        a.arg(tail.copied().unwrap_or_default());
         // A block a tile for one token; with many tokens about four blocks per SM in all,
         // each taking several tiles for one staging of its token's inputs.
         let tiles = down.rows as usize / 16;
         let sms = g.sms.max(1) as usize;
         let bx = tiles.min((4 * sms).div_ceil(ny as usize)).max(1);
-        g.launch(
+        return g.launch(
             if ready.is_some() {
                 g.k.down_tc_ready
             } else {
@@ -451,8 +421,7 @@ pub fn moe_down(
             (warps * 32) as u32,
             tc_bytes as u32,
             &mut a,
-        )?;
-        return Ok(tail.is_some());
+        );
     }
     if ready.is_some() {
         return Err(Error::Invalid(
@@ -466,8 +435,7 @@ pub fn moe_down(
         256,
         smem,
         &mut a,
-    )?;
-    Ok(false)
+    )
 }
 
 /// The tiled product for many vectors: `t` tokens (dense), or with `tab` the (token, k)

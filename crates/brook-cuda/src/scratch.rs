@@ -42,9 +42,6 @@ pub(crate) struct Scratch {
     pub(crate) att_count: DevBuf,
     // MoE
     pub(crate) rlog: DevBuf,
-    /// Finished blocks of the one-launch forms (fused.rs), 0 between launches: the
-    /// router's with its top-k, then a projection's with its norm tail.
-    pub(crate) done: DevBuf,
     pub(crate) sel: DevBuf,
     pub(crate) wts: DevBuf,
     pub(crate) counts: DevBuf,
@@ -131,7 +128,6 @@ impl Scratch {
             )?,
             att_count: gpu.zeros(seqs.max(1) * nq * 4, "attention scratch")?,
             rlog: f((c * e + 1).max(seqs * (e + 1)), "router scratch")?,
-            done: gpu.zeros(8, "one-launch counters")?,
             sel: f(c * k, "router scratch")?,
             wts: f(c * k, "router scratch")?,
             counts: f(e, "router scratch")?,

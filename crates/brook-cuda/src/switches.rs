@@ -42,25 +42,6 @@ pub fn top_candidates() -> bool {
     on_unless_0("BROOK_CUDA_TOP")
 }
 
-/// `BROOK_CUDA_DELTA_STEP=0`: a decoded token's Gated DeltaNet block as four kernels (conv,
-/// gates, delta rule, gated norm) instead of one (kernels/delta_step.cu; the same bits).
-pub fn delta_step() -> bool {
-    on_unless_0("BROOK_CUDA_DELTA_STEP")
-}
-
-/// `BROOK_CUDA_ROUTER_TOPK=0`: a decoded token's router and its top-k as two launches
-/// instead of one (kernels/routing.cu `qmv1_topk`; the same bits).
-pub fn router_topk() -> bool {
-    on_unless_0("BROOK_CUDA_ROUTER_TOPK")
-}
-
-/// `BROOK_CUDA_NORM_TAIL=0`: a decoded token's residual adds and norms as launches of
-/// their own instead of in the last block of the projection before each (kernels/common.cu
-/// `norm_tail`; the same bits).
-pub fn norm_tail() -> bool {
-    on_unless_0("BROOK_CUDA_NORM_TAIL")
-}
-
 /// `BROOK_CUDA_STREAM_GUESSES=N` (0 to top-k): with experts streamed from the disk, the N
 /// likeliest guesses of the next layer's picks the host starts reading while the GPU
 /// computes a layer (the disk otherwise idles from a layer's last read to the next layer's

@@ -90,22 +90,6 @@ __device__ __forceinline__ float ld_state(const float* a) { return *a; }
 __device__ __forceinline__ void st_state(float* a, float v) { *a = v; }
 #endif
 
-// True in the last of n blocks to get here, which then sees every block's writes made
-// before it (read them through L2: `__ldcg`); the count `done` is left at 0 for the next
-// launch. Every thread of those blocks must call it.
-__device__ __forceinline__ bool last_of(u32* done, u32 n) {
-    __shared__ u32 last;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(done, 1u) == n - 1u;
-        if (last) atomicExch(done, 0u);
-    }
-    __syncthreads();
-    if (last) __threadfence();
-    return last != 0u;
-}
-
 // Flags a kernel counts up while a later one runs beside it (the mapped experts' gather and
 // the products that read what it copied, routing.cu `gather_ready`): the producer's threads
 // fence their writes, meet at a barrier, and one adds 1; a consumer waits until the count
@@ -226,40 +210,4 @@ __device__ __forceinline__ float word_dot8(u32 t, float4 a) {
     q = fmaf(code(t, 1), a.y, q);
     q = fmaf(code(t, 2), a.z, q);
     return fmaf(code(t, 3), a.w, q);
-}
-
-// A row's residual add and RMS norm in the last block of a kernel that wrote its delta (the
-// norm tail of a one-token projection: one launch fewer), with the bits of matmul.cu's
-// add_rms_norm at its 512 threads, whatever this block's size (a multiple of 32): virtual
-// thread vt sums the squares of x[vt + 512j] in order, each virtual warp's sums meet as a
-// warp's do, and the 16 warps' totals are added in order. With `done` null, nothing.
-#define NORM_THREADS 512
-struct NormTail {
-    u32* done;        // the kernel's finished blocks, 0 between launches
-    float* x;         // the residual row: x += d
-    const float* w;   // the norm's weights
-    float* out;       // rms_norm(x) · w
-    int H;
-    float eps;
-};
-__device__ void norm_tail(const NormTail& t, const float* d) {
-    if (!t.done || !last_of(t.done, gridDim.x * gridDim.y * gridDim.z)) return;
-    __shared__ float red[NORM_THREADS / 32];
-    int P = blockDim.x, lane = threadIdx.x & 31;
-    for (int vt = threadIdx.x; vt < NORM_THREADS; vt += P) {
-        float ss = 0.0f;
-        for (int i = vt; i < t.H; i += NORM_THREADS) {
-            float v = t.x[i];
-            v += __ldcg(d + i);
-            t.x[i] = v;
-            ss = fmaf(v, v, ss);
-        }
-        ss = warp_sum(ss);
-        if (lane == 0) red[vt >> 5] = ss;
-    }
-    __syncthreads();
-    float s = 0.0f;
-    for (int i = 0; i < NORM_THREADS / 32; i++) s += red[i];
-    float inv = 1.0f / sqrtf(s / (float)t.H + t.eps);
-    for (int i = threadIdx.x; i < t.H; i += P) t.out[i] = t.x[i] * inv * __ldg(t.w + i);
 }

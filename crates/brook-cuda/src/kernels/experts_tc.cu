@@ -208,10 +208,9 @@ SWIGLU_TC_KERNEL(swiglu_tc_ready, true)
         NAME(Mat down, const u64* __restrict__ tab, const int* __restrict__ sel,                \
              const float* __restrict__ wts, int K, Mat sdown, const float* __restrict__ sg,     \
              int sgs, const float* __restrict__ h, const float* __restrict__ hsh,               \
-             float* __restrict__ out, const u32* __restrict__ ready, int need, NormTail nt) {   \
+             float* __restrict__ out, const u32* __restrict__ ready, int need) {                \
         constexpr bool R = READY;                                                               \
         TC_DISPATCH(down, DOWN_TC);                                                             \
-        norm_tail(nt, out);                                                                     \
     }
 #define DOWN_TC(ST, G) \
     down_tc_body<ST, G, R>(down, tab, sel, wts, K, sdown, sg, sgs, h, hsh, out, ready, need, tcs)

@@ -46,13 +46,13 @@ template <int R>
 __device__ __forceinline__ void topk_regs(const float* __restrict__ l, int t, int E, int K,
                                           int norm, int* __restrict__ sel,
                                           float* __restrict__ wts) {
-    int lane = threadIdx.x & 31;
+    int lane = threadIdx.x;
     float v[R];
     float mx = -INFINITY;
 #pragma unroll
     for (int j = 0; j < R; j++) {
         int i = lane + 32 * j;
-        v[j] = i < E ? __ldcg(l + i) : -INFINITY;
+        v[j] = i < E ? l[i] : -INFINITY;
         mx = fmaxf(mx, v[j]);
     }
     mx = warp_max(mx);
@@ -141,27 +141,6 @@ extern "C" __global__ void topk(const float* __restrict__ logits, int E, int ls,
     }
     topk_write(t, K, norm, my_id, my_w, sel, wts);
 }
-
-// One token's router (qmv1 / qmv4's rows: the router, then the shared expert's gate) and, in
-// the last of its blocks to finish, the top-k of the first E ≤ 512 rows: the two launches of
-// `qmv` and `topk` in one, with their bits. `done`: a word at 0 (left at 0).
-#define QMV_TOPK(NAME, R)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256, 2)                                      \
-        NAME(Mat m0, Mat m1, Mat m2, Mat m3, const float* __restrict__ x, float* y, u32* done, \
-             int E, int K, int norm, int* __restrict__ sel, float* __restrict__ wts, u32* zero, \
-             int nzero) {                                                                     \
-        extern __shared__ float xs[];                                                         \
-        int rows = m0.rows + m1.rows + m2.rows + m3.rows;                                     \
-        stacked<R>(m0, m1, m2, m3, 0, rows, x, xs, y, blockIdx.x, gridDim.x);                 \
-        zero_flags(zero, nzero);                                                              \
-        if (!last_of(done, gridDim.x) || threadIdx.x >= 32) return;                           \
-        if (E <= 256)                                                                         \
-            topk_regs<8>(y, 0, E, K, norm, sel, wts);                                         \
-        else                                                                                  \
-            topk_regs<16>(y, 0, E, K, norm, sel, wts);                                        \
-    }
-QMV_TOPK(qmv1_topk, 1)
-QMV_TOPK(qmv4_topk, 4)
 
 // A replayed routing: token t uses the K experts given[t*K..] (a routing trace) instead of
 // its top-k, weighted by the router's probabilities at those ids and renormalised as the

@@ -400,8 +400,7 @@ __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const M
 
 extern "C" __global__ void __launch_bounds__(256, 2)
     qmv_tc(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, int split, const float* __restrict__ x,
-           float* __restrict__ y, NormTail nt) {
+           float* __restrict__ y) {
 #define QMV_TC(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs)
     TC_DISPATCH(m0, QMV_TC);
-    norm_tail(nt, y);
 }

@@ -108,7 +108,7 @@ impl MoeCase {
         .expect("gate/up");
         ops::moe_down(
             g, pd.mat, tab, sel, wts, k, self.sm[2], sg, hd.ptr, hsd.ptr, out.ptr, tokens, sgs,
-            None, None,
+            None,
         )
         .expect("down");
         out.read().expect("read")
