@@ -45,8 +45,9 @@ pub fn top_candidates() -> bool {
 /// `BROOK_CUDA_STREAM_GUESSES=N` (0 to top-k): with experts streamed from the disk, the N
 /// likeliest guesses of the next layer's picks the host starts reading while the GPU
 /// computes a layer (the disk otherwise idles from a layer's last read to the next layer's
-/// routing); 0, none, by default until measured on a GPU (written in the seventh session
-/// of 2026-12-06).
+/// routing); 0, none, by default: measured on an H200 host, two guesses turned a quarter of
+/// the host tier's lookups into hits with the same bytes read, and decode did not move
+/// beyond the disk's own swings (4 rounds each, docs/BENCH.md).
 pub fn stream_guesses(k: usize) -> usize {
     count_switch("BROOK_CUDA_STREAM_GUESSES", 0..=k.max(1), 0)
 }
@@ -60,12 +61,12 @@ pub fn land_order() -> bool {
 }
 
 /// `BROOK_CUDA_STAGE_THREADS=N` (1 to 8): threads that copy a layer's streamed experts into
-/// page-locked staging; 1 by default until measured on a GPU (the reads of a layer land
-/// together, and one thread copies them one after another while the disk and the GPU wait;
-/// written in the sixth session of 2026-12-06, whose device time ran out first:
-/// `scripts/bench_streamed.sh` is its A/B).
+/// page-locked staging; 4 by default (the reads of a layer land together, and one thread
+/// copied them one after another while the disk and the GPU waited: on an H200 host the
+/// 35B streamed at 4 GiB decoded 3.56, 3.16 tok/s on one thread against 3.99, 3.53 on
+/// four, alternating; `scripts/bench_streamed.sh` is the A/B, docs/BENCH.md).
 pub fn stage_threads() -> usize {
-    count_switch("BROOK_CUDA_STAGE_THREADS", 1..=8, 1)
+    count_switch("BROOK_CUDA_STAGE_THREADS", 1..=8, 4)
 }
 
 /// `BROOK_CUDA_HOST_HUGE=1`: the mapped tier's host memory allocated on 2 MiB boundaries in
