@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # The CUDA backend with its experts streamed from the disk (the host tier too small to hold
 # them), in one sitting on a GPU machine: the GPU tests of the streamed paths, then `brook
-# bench` with the staging on one thread, on four (the default), and with the next layer's
-# two likeliest guesses read ahead (`BROOK_CUDA_STAGE_THREADS`, `BROOK_CUDA_STREAM_GUESSES`:
-# docs/CUDA.md), alternating.
+# bench` with the staging on one thread, on four (the default), and on four in the order the
+# reads land (`BROOK_CUDA_STAGE_THREADS`, `BROOK_CUDA_LAND_ORDER`: docs/CUDA.md), alternating.
 # Each row: decode speed against the disk limit bench computes (#30 asks at most 1.25 x),
 # and where each token's time went on the host.
 #
@@ -37,7 +36,7 @@ for line in sys.stdin:
 }
 for _ in $(seq "$rounds"); do
     for env in "BROOK_CUDA_STAGE_THREADS=1" "BROOK_CUDA_STAGE_THREADS=4" \
-        "BROOK_CUDA_STREAM_GUESSES=2"; do
+        "BROOK_CUDA_LAND_ORDER=1"; do
         # shellcheck disable=SC2086
         env $env "$dir/brook" bench --model "$model" --backend cuda --gpu-memory-budget "$gpu" \
             --memory-budget "$host" -p 0 -n 32 -r 1 --json 2>/dev/null | show "$env:"

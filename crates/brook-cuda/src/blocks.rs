@@ -14,51 +14,6 @@ use crate::scratch::ATT_SPLITS;
 use crate::weights::Mat;
 
 impl CudaModel {
-    /// Streamed experts, one token: queues the guess of the next layer's picks (its MoE norm
-    /// and router on the residual stream as it enters this layer's MoE, whose output is not
-    /// known yet) when `switches::stream_guesses` asks for any. Returns whether it did.
-    fn queue_guess(&self, layer: usize, replaying: bool) -> Result<bool> {
-        let Some(next) = self.dense.layers.get(layer + 1) else {
-            return Ok(false);
-        };
-        if self.stream_guesses == 0 || replaying {
-            return Ok(false);
-        }
-        let (s, e) = (&self.s, self.cfg().num_experts);
-        self.norm(s.x.ptr, 0, next.post_norm.ptr, s.guess_normed.ptr, 1)?;
-        self.linear(
-            next.router,
-            Mat::NONE,
-            1,
-            s.guess_normed.ptr,
-            s.guess_logits.ptr,
-        )?;
-        let (sel, wts) = (s.guess_sel.ptr, s.guess_wts.ptr);
-        self.topk(1, s.guess_logits.ptr, e, None, sel, wts, None)?;
-        Ok(true)
-    }
-
-    /// Asks the host's expert source to start reading the likeliest of the guessed picks
-    /// ([`Self::queue_guess`]) of `layer` that hold no GPU slot, so the disk reads them
-    /// while the GPU computes (their reads land in the host's cache, where the layer's own
-    /// load finds them).
-    fn read_ahead(&self, layer: usize) -> Result<()> {
-        let k = self.cfg().num_experts_per_tok;
-        let (mut ids, mut wts) = (vec![0i32; k], vec![0f32; k]);
-        self.gpu.copy_out(self.s.guess_sel.ptr, &mut ids)?;
-        self.gpu.copy_out(self.s.guess_wts.ptr, &mut wts)?;
-        // The picks come ordered by id: take them by weight.
-        let mut order: Vec<usize> = (0..k).collect();
-        order.sort_by(|&a, &b| wts[b].total_cmp(&wts[a]));
-        let likeliest: Vec<usize> = order
-            .iter()
-            .take(self.stream_guesses)
-            .map(|&j| ids[j] as usize)
-            .collect();
-        self.experts.read_ahead(&self.model, layer, &likeliest);
-        Ok(())
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn delta_net(
         &self,
@@ -388,7 +343,6 @@ impl CudaModel {
             .table_for(layer, sel, t * k, prefetched, flags.as_ref())?;
         let (gu, hb, ey) = (self.s.gu.ptr, self.s.h.ptr, self.s.ey.ptr);
         if t == 1 && !self.experts.fixed() {
-            let guessed = self.queue_guess(layer, given.is_some())?;
             // Replayed routes too are read back from the GPU, as the router's would be, so a
             // replay waits as a real routing does.
             let mut ids = vec![0i32; k];
@@ -400,9 +354,6 @@ impl CudaModel {
             ids.sort_unstable();
             ids.dedup();
             self.experts.prepare(&self.model, layer, &ids)?;
-            if guessed {
-                self.read_ahead(layer + 1)?;
-            }
         }
         if fused {
             // Two launches: every gate/up with SwiGLU (routed and shared), then every down

@@ -381,20 +381,6 @@ impl GpuExperts {
         }
     }
 
-    /// Asks the model's expert source to start reading those of `ids` (experts of `layer`)
-    /// that hold no GPU slot.
-    pub fn read_ahead(&self, model: &Model, layer: usize, ids: &[usize]) {
-        let base = layer * self.experts;
-        let want: Vec<usize> = ids
-            .iter()
-            .copied()
-            .filter(|&e| e < self.experts && self.slot_of[base + e] == NONE)
-            .collect();
-        if !want.is_empty() {
-            model.experts.prefetch(layer, &want);
-        }
-    }
-
     /// Loads the missing ones of `ids` into slots, evicting the least frequently used.
     fn load(&mut self, model: &Model, layer: usize, ids: &[usize]) -> Result<()> {
         self.tick += 1;

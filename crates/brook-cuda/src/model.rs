@@ -113,9 +113,6 @@ pub struct CudaModel {
     pub prefetch: bool,
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,
-    /// Streamed experts: the guessed picks of the next layer the host starts reading while
-    /// the GPU computes (`switches::stream_guesses`; 0: none).
-    pub stream_guesses: usize,
     id: u64,
 }
 
@@ -223,7 +220,6 @@ impl CudaModel {
             }
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
-        let stream_guesses = crate::switches::stream_guesses(model.cfg.num_experts_per_tok);
         let mut m = CudaModel {
             out: Vec::new(),
             model,
@@ -245,7 +241,6 @@ impl CudaModel {
             batch: None,
             prefetch: crate::switches::prefetch(),
             prefetched: false,
-            stream_guesses,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {

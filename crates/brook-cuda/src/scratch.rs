@@ -55,11 +55,6 @@ pub(crate) struct Scratch {
     pub(crate) sh: DevBuf,
     pub(crate) sout: DevBuf,
     pub(crate) sg: DevBuf,
-    /// The guess of the next layer's picks for streamed experts (blocks.rs `queue_guess`).
-    pub(crate) guess_normed: DevBuf,
-    pub(crate) guess_logits: DevBuf,
-    pub(crate) guess_sel: DevBuf,
-    pub(crate) guess_wts: DevBuf,
     // inputs and outputs
     pub(crate) tokens: DevBuf,
     pub(crate) meta: DevBuf,
@@ -141,10 +136,6 @@ impl Scratch {
             sh: f(c * is, "shared expert scratch")?,
             sout: f(c * h, "shared expert scratch")?,
             sg: f(c, "shared expert scratch")?,
-            guess_normed: f(h, "guess scratch")?,
-            guess_logits: f(e, "guess scratch")?,
-            guess_sel: f(k, "guess scratch")?,
-            guess_wts: f(k, "guess scratch")?,
             tokens: f(c, "tokens")?,
             meta: f(4, "positions")?,
             logits: f(cfg.vocab_size, "logits")?,

@@ -42,16 +42,6 @@ pub fn top_candidates() -> bool {
     on_unless_0("BROOK_CUDA_TOP")
 }
 
-/// `BROOK_CUDA_STREAM_GUESSES=N` (0 to top-k): with experts streamed from the disk, the N
-/// likeliest guesses of the next layer's picks the host starts reading while the GPU
-/// computes a layer (the disk otherwise idles from a layer's last read to the next layer's
-/// routing); 0, none, by default: measured on an H200 host, two guesses turned a quarter of
-/// the host tier's lookups into hits with the same bytes read, and decode did not move
-/// beyond the disk's own swings (4 rounds each, docs/BENCH.md).
-pub fn stream_guesses(k: usize) -> usize {
-    count_switch("BROOK_CUDA_STREAM_GUESSES", 0..=k.max(1), 0)
-}
-
 /// `BROOK_CUDA_LAND_ORDER=1`: streamed experts are staged for the GPU in the order their
 /// reads land instead of the order they were asked for (an experiment, off until measured
 /// on a GPU: written in the sixth session of 2026-12-06, whose device time ran out first;

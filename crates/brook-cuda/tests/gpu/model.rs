@@ -100,8 +100,6 @@ fn output_is_identical_for_every_gpu_cache_size() {
             .expect("cuda model");
             g.graphs = graphs;
             g.prefetch = prefetch;
-            // Streamed experts: the next layer's two likeliest guesses read ahead.
-            g.stream_guesses = if prefetch { 2 } else { 0 };
             let mut st = model.new_state();
             let mut out = g
                 .forward(&mut st, &tokens, Logits::All)
@@ -128,11 +126,6 @@ fn output_is_identical_for_every_gpu_cache_size() {
         for slots in [cfg.num_experts_per_tok, total / 2, total] {
             let (got, stats, _, _) = run(Some(slots), true, None, false);
             assert!(same(&got), "{name}: {slots} slots changed the output");
-            let (ahead, _, _, _) = run(Some(slots), true, None, true);
-            assert!(
-                same(&ahead),
-                "{name}: {slots} slots with guesses read ahead changed the output"
-            );
             if slots < total {
                 assert!(stats.misses > 0 && stats.bytes > 0, "{name}: {stats:?}");
             }
