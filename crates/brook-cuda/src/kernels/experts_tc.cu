@@ -49,13 +49,8 @@ __device__ void swiglu_tc_body(const Mat& gm, const Mat& um, const u64* __restri
                                const Mat& su, int split, const float* __restrict__ x,
                                float* __restrict__ y, float* __restrict__ ys,
                                const u32* __restrict__ ready, int need, uint4* tcs) {
-    // `per` vectors a token (its nsel routed experts, then the shared one where present):
-    // token tok's selection, input and outputs follow the previous token's.
-    int tok = blockIdx.y / per, v = blockIdx.y - tok * per;
-    sel += (long long)tok * nsel;
-    x += (long long)tok * gm.cols;
-    y += (long long)tok * nsel * gm.rows;
-    ys += (long long)tok * sg.rows;
+    // `per` vectors a token (its nsel routed experts, then the shared one where present).
+    int v = token_vector(per, nsel, gm.cols, gm.rows, sg.rows, sel, x, y, ys);
     if (v < nsel) {
         u64 base;
         if (R) {

@@ -360,6 +360,22 @@ extern "C" __global__ void __launch_bounds__(256, 2) qmv_sel(Mat m0, Mat m1, con
     }
 }
 
+// The vector of block row blockIdx.y in a launch of `per` vectors a token (the SwiGLU
+// kernels'): moves the pointers to its token's selection (nsel ids), input (cols floats),
+// routed outputs (nsel · rows) and shared output (srows), each after the previous token's,
+// and returns the vector's index within its token.
+__device__ __forceinline__ int token_vector(int per, int nsel, int cols, int rows, int srows,
+                                            const int* __restrict__& sel,
+                                            const float* __restrict__& x,
+                                            float* __restrict__& y, float* __restrict__& ys) {
+    int tok = blockIdx.y / per;
+    sel += (long long)tok * nsel;
+    x += (long long)tok * cols;
+    y += (long long)tok * nsel * rows;
+    ys += (long long)tok * srows;
+    return blockIdx.y - tok * per;
+}
+
 // qmv_sel's SwiGLU form for one token (or several: see `per`): vector v < nsel is routed expert sel[v], vector nsel
 // (when the grid has it) the shared expert; h[v, j] = silu(gate[j]·x) · (up[j]·x) for the
 // gate rows g (sg for the shared one) and up rows u (su), into y[v, ·] and ys.
@@ -370,12 +386,7 @@ extern "C" __global__ void __launch_bounds__(256, 3) qmv_swiglu(Mat g, Mat u, co
                                                              float* __restrict__ y,
                                                              float* __restrict__ ys) {
     extern __shared__ float xs[];
-    // `per` vectors a token, as swiglu_tc's.
-    int tok = blockIdx.y / per, v = blockIdx.y - tok * per;
-    sel += (long long)tok * nsel;
-    x += (long long)tok * g.cols;
-    y += (long long)tok * nsel * g.rows;
-    ys += (long long)tok * sg.rows;
+    int v = token_vector(per, nsel, g.cols, g.rows, sg.rows, sel, x, y, ys);
     if (v < nsel) {
         PDL_SYNC();
         u64 base = tab[sel[v]];

@@ -111,16 +111,26 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
             sx[v * (K >> 6) + c * 2 + (q >> 1)] = sum;
         }
         float inv = ldexpf(1.0f, 23 - ex);
-        u32 dg[4][2] = {{0u, 0u}, {0u, 0u}, {0u, 0u}, {0u, 0u}};
+        // The balanced digits of r (|r| <= 2^23; the low three in −128..127) are the bytes
+        // of (r + 0x808080) ^ 0x808080: adding 128 at each low byte makes every digit + 128 a
+        // byte (its carries are the digits' borrows), the xor takes the 128 off again, and
+        // the top byte is what is left, the top digit (−1..1). Byte 3 − d is digit d.
+        u32 wd[8];
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            int r = __float2int_rn(e[j] * inv);   // |r| <= 2^23
+        for (int j = 0; j < 8; j++)
+            wd[j] = ((u32)__float2int_rn(e[j] * inv) + 0x808080u) ^ 0x808080u;
+        // Digit d of value 2b + k is byte b of dg[d][k]: a 4 × 4 byte transpose per k.
+        u32 dg[4][2];
 #pragma unroll
-            for (int d = 3; d >= 0; d--) {
-                int dv = d ? ((r + 128) & 255) - 128 : r;   // balanced digit; the top one is small
-                r = (r - dv) >> 8;
-                dg[d][j & 1] |= (u32)(dv & 255) << (8 * (j >> 1));
-            }
+        for (int k = 0; k < 2; k++) {
+            u32 lo01 = __byte_perm(wd[k], wd[2 + k], 0x5140);       // bytes 0, 1 of both
+            u32 hi01 = __byte_perm(wd[k], wd[2 + k], 0x7362);       // bytes 2, 3
+            u32 lo23 = __byte_perm(wd[4 + k], wd[6 + k], 0x5140);
+            u32 hi23 = __byte_perm(wd[4 + k], wd[6 + k], 0x7362);
+            dg[3][k] = __byte_perm(lo01, lo23, 0x5410);
+            dg[2][k] = __byte_perm(lo01, lo23, 0x7632);
+            dg[1][k] = __byte_perm(hi01, hi23, 0x5410);
+            dg[0][k] = __byte_perm(hi01, hi23, 0x7632);
         }
         uint2* o = (uint2*)cb + q * 16 + t;
 #pragma unroll
