@@ -204,20 +204,28 @@ __device__ __forceinline__ float tc_half(const u32 (&v)[4], int u, int h) {
 }
 
 // The loaded chunks against the staged fragments fr and sums sx of one vector, into acc
-// (k = 0: row g, 1: row g + 8; lanes t = 0 and 1 each hold part of the total). The chunks
-// are taken in a loop that is not unrolled (one copy of its body: a warp runs this once a
-// tile, so its instructions are fetched once, not four times over), the loaded words moved
-// down one chunk an iteration so every index stays a constant (registers). f is used up: the
-// caller issues the next loads into it.
+// (k = 0: row g, 1: row g + 8; lanes t = 0 and 1 each hold part of the total). Unrolled,
+// so every loaded word is a register by a constant index: the form that kept the code
+// small (a loop not unrolled, the words moved down a chunk an iteration) spent about as
+// many moves as products, and was 5 % slower for one sequence, 8 % for sixteen
+// (docs/BENCH.md). f is used up: the caller issues the next loads into it.
 template <int ST, int G>
-__device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, const float* sx,
-                                           int c0, float (&acc)[2]) {
+__device__ __forceinline__ void tc_consume(const TcLoads<ST, G>& f, const uint4* fr,
+                                           const float* sx, int c0, float (&acc)[2]) {
     int lane = threadIdx.x & 31, t = lane & 3, p = lane >> 2;
-#pragma unroll 1
+#pragma unroll
     for (int u = 0; u < TCU; u++) {
         int c = c0 + u;
         const uint2* cb = (const uint2*)(fr + c * TC_CHUNK_U4);
         const float* m = (const float*)(fr + c * TC_CHUNK_U4 + 32);
+        float s0[2], s1[2], b0[2], b1[2];
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            s0[h] = tc_half<ST, G>(f.s[0], u, h);
+            s1[h] = tc_half<ST, G>(f.s[1], u, h);
+            b0[h] = tc_half<ST, G>(f.b[0], u, h);
+            b1[h] = tc_half<ST, G>(f.b[1], u, h);
+        }
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int d[4] = {0, 0, 0, 0};
@@ -225,39 +233,21 @@ __device__ __forceinline__ void tc_consume(TcLoads<ST, G>& f, const uint4* fr, c
             for (int i = 0; i < 2; i++) {
                 // Column p: digit p of the vector (p >= 4: zero).
                 uint2 bq = p < 4 ? cb[(2 * h + i) * 16 + p * 4 + t] : make_uint2(0u, 0u);
-                u32 wl = i ? f.w[0][h][0].y : f.w[0][h][0].x;
-                u32 wh = i ? f.w[0][h][1].y : f.w[0][h][1].x;
+                u32 wl = i ? f.w[u][h][0].y : f.w[u][h][0].x;
+                u32 wh = i ? f.w[u][h][1].y : f.w[u][h][1].x;
                 mma_u8s8(d, wl & NIB, wh & NIB, (wl >> 4) & NIB, (wh >> 4) & NIB, bq.x, bq.y);
             }
             // Lane t holds columns 2t, 2t + 1: digits 0 and 1 at t = 0, 2 and 3 at t = 1.
             float unit = digit_unit(m[h], t == 0);
             float lo = digit_pair(d[0], d[1], unit);
             float hi = digit_pair(d[2], d[3], unit);
-            // Chunk u's scales: word u (G = 64) or u / 2 (G = 128), word 0 after the moves.
-            int hh = G == 64 ? h : (u & 1);
-            float s0 = tc_word_half<ST>(f.s[0][0], hh), s1 = tc_word_half<ST>(f.s[1][0], hh);
-            acc[0] = fmaf(s0, lo, acc[0]);
-            acc[1] = fmaf(s1, hi, acc[1]);
+            acc[0] = fmaf(s0[h], lo, acc[0]);
+            acc[1] = fmaf(s1[h], hi, acc[1]);
             if (t == 0) {
                 float sxv = sx[c * 2 + h];
-                acc[0] = fmaf(tc_word_half<ST>(f.b[0][0], hh), sxv, acc[0]);
-                acc[1] = fmaf(tc_word_half<ST>(f.b[1][0], hh), sxv, acc[1]);
+                acc[0] = fmaf(b0[h], sxv, acc[0]);
+                acc[1] = fmaf(b1[h], sxv, acc[1]);
             }
-        }
-#pragma unroll
-        for (int j = 0; j + 1 < TCU; j++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-#pragma unroll
-                for (int k = 0; k < 2; k++) f.w[j][h][k] = f.w[j + 1][h][k];
-        if (G == 64 || (u & 1)) {
-#pragma unroll
-            for (int k = 0; k < 2; k++)
-#pragma unroll
-                for (int j = 0; j < 3; j++) {
-                    f.s[k][j] = f.s[k][j + 1];
-                    f.b[k][j] = f.b[k][j + 1];
-                }
         }
     }
 }
