@@ -111,10 +111,11 @@ __device__ void tc_stage(const float* __restrict__ x, long long xstride, int n, 
             sx[v * (K >> 6) + c * 2 + (q >> 1)] = sum;
         }
         float inv = ldexpf(1.0f, 23 - ex);
-        // The balanced digits of r (|r| <= 2^23; the low three in −128..127) are the bytes
-        // of (r + 0x808080) ^ 0x808080: adding 128 at each low byte makes every digit + 128 a
-        // byte (its carries are the digits' borrows), the xor takes the 128 off again, and
-        // the top byte is what is left, the top digit (−1..1). Byte 3 − d is digit d.
+        // The balanced digits of X = rint(x / m) (|X| <= 2^23; the low three in −128..127)
+        // are the bytes of (X + 0x808080) ^ 0x808080: adding 128 at each low byte makes every
+        // digit + 128 a byte (its carries are the digits' borrows), the xor takes the 128 off
+        // again, and the top byte is what is left, the top digit (−1..1). Byte 3 − d is
+        // digit d.
         u32 wd[8];
 #pragma unroll
         for (int j = 0; j < 8; j++)
@@ -208,7 +209,7 @@ __device__ __forceinline__ float tc_half(const u32 (&v)[4], int u, int h) {
 // so every loaded word is a register by a constant index: the form that kept the code
 // small (a loop not unrolled, the words moved down a chunk an iteration) spent about as
 // many moves as products, and was 5 % slower for one sequence, 8 % for sixteen
-// (docs/BENCH.md). f is used up: the caller issues the next loads into it.
+// (docs/BENCH.md). The caller then issues the next loads into f.
 template <int ST, int G>
 __device__ __forceinline__ void tc_consume(const TcLoads<ST, G>& f, const uint4* fr,
                                            const float* sx, int c0, float (&acc)[2]) {
