@@ -13,7 +13,7 @@ use brook_core::engine::SeqStep;
 use brook_core::model::Logits;
 use brook_core::{Error, Result};
 
-use crate::delta::{self, DeltaRule};
+use crate::delta::{self, DeltaPrep, DeltaRule};
 use crate::gpu::{Args, DevBuf, Pinned};
 use crate::model::CudaModel;
 use crate::ops;
@@ -280,20 +280,6 @@ impl CudaModel {
                     .arg(tab);
                 let grid = ((cd as u32).div_ceil(128), 1, n as u32);
                 g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
-                let mut a = Args::new();
-                a.arg(s.conv.ptr)
-                    .arg(bp)
-                    .arg(ap)
-                    .arg(a_log.ptr)
-                    .arg(dt_bias.ptr)
-                    .arg(s.beta.ptr)
-                    .arg(s.g.ptr)
-                    .arg(cd as i32)
-                    .arg(nk as i32)
-                    .arg(nv as i32)
-                    .arg(dk as i32)
-                    .arg(stride as i32);
-                g.launch(g.k.delta_prep, (n as u32, 1, 1), 256, 0, &mut a)?;
                 let rule = DeltaRule {
                     conv: s.conv.ptr,
                     g: s.g.ptr,
@@ -308,6 +294,14 @@ impl CudaModel {
                     dv,
                     seqs: tab,
                     nseq: n,
+                    prep: Some(DeltaPrep {
+                        b: bp,
+                        a: ap,
+                        a_log: a_log.ptr,
+                        dt_bias: dt_bias.ptr,
+                        bs: stride as i32,
+                    }),
+                    prep_in_rule: g.rule_prep,
                 };
                 delta::delta_rule(g, &rule, model.delta_mode)?;
                 let rows = (n * nv) as i32;

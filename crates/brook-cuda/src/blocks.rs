@@ -5,7 +5,7 @@
 use brook_core::Result;
 use brook_core::config::ModelConfig;
 
-use crate::delta::{self, DeltaRule};
+use crate::delta::{self, DeltaPrep, DeltaRule};
 use crate::experts::ReadyFlags;
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
@@ -70,20 +70,6 @@ impl CudaModel {
             0,
             &mut a,
         )?;
-        let mut a = Args::new();
-        a.arg(s.conv.ptr)
-            .arg(bp)
-            .arg(ap)
-            .arg(a_log.ptr)
-            .arg(dt_bias.ptr)
-            .arg(s.beta.ptr)
-            .arg(s.g.ptr)
-            .arg(cd)
-            .arg(nk)
-            .arg(nv)
-            .arg(dk)
-            .arg(nv);
-        g.launch(g.k.delta_prep, (t as u32, 1, 1), 256, 0, &mut a)?;
         let rule = DeltaRule {
             conv: s.conv.ptr,
             g: s.g.ptr,
@@ -98,6 +84,14 @@ impl CudaModel {
             dv: dv as usize,
             seqs: 0,
             nseq: 1,
+            prep: Some(DeltaPrep {
+                b: bp,
+                a: ap,
+                a_log: a_log.ptr,
+                dt_bias: dt_bias.ptr,
+                bs: nv,
+            }),
+            prep_in_rule: g.rule_prep,
         };
         delta::delta_rule(g, &rule, self.model.delta_mode)?;
         let rows = t as i32 * nv;

@@ -1,7 +1,9 @@
 //! Launchers of the gated delta rule (kernels/mixers.cu and delta.cu), shared by the
 //! DeltaNet block and the kernel tests: `delta_rule_*` runs the recurrence a token at a time
 //! (decode), `delta_chunk_*` a chunk of 64 tokens at a time (prefill). They mirror brook_core's
-//! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills.
+//! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills. The
+//! q/k head norms and the gates (`delta_prep`) run in the rule's own launch where it goes a
+//! token at a time, else as a launch before it.
 
 use brook_core::model::delta_net::DeltaMode;
 use brook_core::{Error, Result};
@@ -38,6 +40,46 @@ pub struct DeltaRule {
     pub seqs: u64,
     /// Sequences in `seqs`.
     pub nseq: usize,
+    /// The conv output's q and k heads still to be normalised and β and g still to be made
+    /// (into `beta` and `g`) from these inputs; `None`: done already.
+    pub prep: Option<DeltaPrep>,
+    /// Whether a recurrent launch does that preparation itself (`Gpu::rule_prep`: the same
+    /// bits as the separate `delta_prep` launch, one launch fewer a DeltaNet layer).
+    pub prep_in_rule: bool,
+}
+
+/// The inputs of the q/k head norms and the gates (kernels/mixers.cu `DeltaPrep`): device
+/// pointers to b and a (`bs` floats a token apart, value head h at h), A_log and dt_bias.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeltaPrep {
+    pub b: u64,
+    pub a: u64,
+    pub a_log: u64,
+    pub dt_bias: u64,
+    pub bs: i32,
+}
+
+impl crate::args::KernelArg for DeltaPrep {}
+
+/// `delta_prep` over `p`'s tokens (or its sequences' one token each): the conv output's q
+/// and k heads normalised in place, β and g written.
+fn prep_launch(g: &Gpu, p: &DeltaRule, pr: &DeltaPrep) -> Result<()> {
+    let tokens = if p.seqs != 0 { p.nseq.max(1) } else { p.t };
+    let mut a = Args::new();
+    a.arg(p.conv)
+        .arg(pr.b)
+        .arg(pr.a)
+        .arg(pr.a_log)
+        .arg(pr.dt_bias)
+        .arg(p.beta)
+        .arg(p.g)
+        .arg(p.cd as i32)
+        .arg(p.nk as i32)
+        .arg(p.nv as i32)
+        .arg(p.dk as i32)
+        .arg(pr.bs);
+    g.launch(g.k.delta_prep, (tokens as u32, 1, 1), 256, 0, &mut a)
 }
 
 /// Bytes of dynamic shared memory `delta_chunk_*` takes at key width `dk` (the layout of
@@ -77,6 +119,14 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
         }
         DeltaMode::Chunked => true,
     };
+    let mut in_rule = DeltaPrep::default();
+    if let Some(pr) = &p.prep {
+        if p.prep_in_rule && !chunked {
+            in_rule = *pr;
+        } else {
+            prep_launch(g, p, pr)?;
+        }
+    }
     let mut a = Args::new();
     a.arg(p.conv)
         .arg(p.g)
@@ -100,7 +150,7 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
         };
         return g.launch(f, grid, CHUNK_THREADS, smem as u32, &mut a);
     }
-    a.arg(p.seqs);
+    a.arg(p.seqs).arg(in_rule);
     let f = match p.dk {
         32 => g.k.delta_rule_32,
         64 => g.k.delta_rule_64,

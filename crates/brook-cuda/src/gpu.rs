@@ -126,6 +126,11 @@ pub struct Gpu {
     /// Launch kernels with programmatic dependent launch (Hopper and later, unless
     /// `BROOK_CUDA_PDL=0`): a kernel may start while the one before it finishes.
     pub pdl: bool,
+    /// The delta rule prepares a decoded token's q/k heads and gates in its own launch
+    /// (unless `BROOK_CUDA_RULE_PREP=0`; see delta.rs).
+    pub rule_prep: bool,
+    /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
+    pub gateup_split: usize,
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
     /// `BROOK_CUDA_TC=0`; see kernels/tensor.cu).
     tensor_cores: AtomicBool,
@@ -315,6 +320,8 @@ impl Gpu {
             module,
             compile_s,
             pdl: cc.0 >= 9 && crate::switches::pdl(),
+            rule_prep: crate::switches::rule_prep(),
+            gateup_split: crate::switches::gateup_split(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),

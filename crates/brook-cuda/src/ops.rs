@@ -282,7 +282,7 @@ pub fn qmv_experts(
         // The split of one token's launch (each row's sums in its order); the blocks along
         // x shared by every token's vectors, so a block takes more tiles per staged input.
         let tiles = (m1.rows as usize).max(shared[0].rows as usize) / 8;
-        let split = tc_split(sms, tiles, nvec, m1.cols as usize, 4);
+        let split = tc_split(sms, tiles, nvec, m1.cols as usize, g.gateup_split);
         let bx = tiles
             .div_ceil(4 / split)
             .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;

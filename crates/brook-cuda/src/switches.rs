@@ -26,6 +26,21 @@ pub fn prefetch() -> bool {
     on_unless_0("BROOK_CUDA_PREFETCH")
 }
 
+/// `BROOK_CUDA_RULE_PREP=0`: a decoded token's q/k head norms and gates (`delta_prep`) as a
+/// launch of their own before the delta rule, instead of inside the rule's launch (the same
+/// bits either way).
+pub fn rule_prep() -> bool {
+    on_unless_0("BROOK_CUDA_RULE_PREP")
+}
+
+/// `BROOK_CUDA_GATEUP_SPLIT=N` (1 to 4): the most warps a gate/up tile of the tensor-core
+/// SwiGLU kernel is split over, each taking a slice of the row (`ops::qmv_experts`); 4 by
+/// default. The split sets the order of each row's sums, so every launch of a process
+/// takes the same one.
+pub fn gateup_split() -> usize {
+    count_switch("BROOK_CUDA_GATEUP_SPLIT", 1..=4, 4)
+}
+
 /// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
 /// pick or its most likely candidates (`Logits::Best`, `Logits::Top`), instead of the pick
 /// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the

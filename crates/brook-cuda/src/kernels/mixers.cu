@@ -36,35 +36,62 @@ extern "C" __global__ void conv_silu(const float* __restrict__ qkv, float* __res
     }
 }
 
+// The factor a q (q = true) or k head's values are multiplied by, from the sum of their
+// squares ss: rms_norm with ε = 1e-6/dk, then dk⁻¹ for q and dk^-½ for k. delta_prep and
+// the delta rule's own preparation (delta_rule_impl) both take it from here, so the two give
+// the same bits.
+__device__ __forceinline__ float head_scale(float ss, int dk, bool q) {
+    float inv_scale = 1.0f / sqrtf((float)dk);
+    float eps = 1e-6f / (float)dk;
+    float scale = q ? inv_scale * inv_scale : inv_scale;
+    return 1.0f / sqrtf(ss / (float)dk + eps) * scale;
+}
+
+// A value head's gates from its b and a inputs: β = sigmoid(b), g = −exp(A_log)·softplus(a +
+// dt_bias) (shared by delta_prep and delta_rule_impl, as head_scale).
+__device__ __forceinline__ void beta_g(float b, float a, float a_log, float dt_bias, float& beta,
+                                       float& g) {
+    beta = sigmoidf_(b);
+    g = -expf(a_log) * softplusf_(a + dt_bias);
+}
+
 // q and k heads (inside the conv output, in place): q = rms_norm(q)·dk⁻¹, k = rms_norm(k)·dk^-½
 // with ε = 1e-6/dk; β = sigmoid(b); g = −exp(A_log)·softplus(a + dt_bias). One block per token;
-// b's and a's rows are bs floats apart.
+// b's and a's rows are bs floats apart. (A decoded token's rule does this itself: below.)
 extern "C" __global__ void delta_prep(float* __restrict__ conv, const float* __restrict__ b,
                                       const float* __restrict__ a, const float* __restrict__ A_log,
                                       const float* __restrict__ dt_bias, float* __restrict__ beta,
                                       float* __restrict__ g, int cd, int nk, int nv, int dk, int bs) {
     PDL_SYNC();
     int t = blockIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    float inv_scale = 1.0f / sqrtf((float)dk);
-    float eps = 1e-6f / (float)dk;
     for (int hh = w; hh < 2 * nk; hh += nw) {
         float* v = conv + (long long)t * cd + hh * dk;
         float ss = 0.0f;
         for (int i = lane; i < dk; i += 32) ss = fmaf(v[i], v[i], ss);
-        ss = warp_sum(ss);
-        float scale = hh < nk ? inv_scale * inv_scale : inv_scale;
-        float inv = 1.0f / sqrtf(ss / (float)dk + eps) * scale;
+        float inv = head_scale(warp_sum(ss), dk, hh < nk);
         for (int i = lane; i < dk; i += 32) v[i] *= inv;
     }
     for (int i = threadIdx.x; i < nv; i += blockDim.x) {
         int j = t * nv + i, jb = t * bs + i;
-        beta[j] = sigmoidf_(b[jb]);
-        g[j] = -expf(A_log[i]) * softplusf_(a[jb] + dt_bias[i]);
+        beta_g(b[jb], a[jb], A_log[i], dt_bias[i], beta[j], g[j]);
     }
 }
 
+// delta_prep's inputs for a rule that prepares its own token (`b` null: the conv output is
+// prepared already and β and g are in the rule's arrays).
+struct DeltaPrep {
+    const float* b;         // [T, bs]: value head h's b at h
+    const float* a;         // [T, bs]
+    const float* a_log;     // [nv]
+    const float* dt_bias;   // [nv]
+    int bs;
+};
+
 // The gated delta rule token by token. Block (h, column group): each lane owns one value
 // column j of head h's [dk, dv] state, kept in registers when DK > 0 (else in global memory).
+// With `pr.b` set, the block prepares its token's q and k heads and head h's β and g itself
+// (delta_prep's work, the same bits) as it loads them, which saves that launch: the conv
+// output is read as the conv wrote it.
 // With DK > 0 the state's loads go out before the wait: it was last written by this layer's
 // launch for the sequence's previous tokens (or copied in before the step), never by a kernel
 // that may still run, and so was the table `seqs` (copied at the step's start).
@@ -72,7 +99,7 @@ template <int DK>
 __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
                                 const float* __restrict__ beta, float* __restrict__ state,
                                 float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv,
-                                const u64* __restrict__ seqs) {
+                                const u64* __restrict__ seqs, DeltaPrep pr) {
     if (DK == 0) PDL_SYNC();
     if (seqs) {
         int z = blockIdx.z;
@@ -81,6 +108,10 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
         g += (long long)z * nv;
         beta += (long long)z * nv;
         o += (long long)z * nv * dv;
+        if (pr.b) {
+            pr.b += (long long)z * pr.bs;
+            pr.a += (long long)z * pr.bs;
+        }
     }
     extern __shared__ float sm[];   // q[dk], k[dk]
     float* qs = sm;
@@ -96,12 +127,32 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
     if (DK > 0) PDL_SYNC();
     for (int t = 0; t < T; t++) {
         const float* row = conv + (long long)t * cd;
-        for (int i = lane; i < dk; i += 32) {
-            qs[i] = row[kh * dk + i];
-            ks[i] = row[key_dim + kh * dk + i];
+        float gt, bt;
+        if (pr.b) {
+            float sq = 0.0f, sk = 0.0f;
+            for (int i = lane; i < dk; i += 32) {
+                float qv = row[kh * dk + i], kv = row[key_dim + kh * dk + i];
+                sq = fmaf(qv, qv, sq);
+                sk = fmaf(kv, kv, sk);
+            }
+            float iq = head_scale(warp_sum(sq), dk, true);
+            float ik = head_scale(warp_sum(sk), dk, false);
+            for (int i = lane; i < dk; i += 32) {
+                qs[i] = row[kh * dk + i] * iq;
+                ks[i] = row[key_dim + kh * dk + i] * ik;
+            }
+            beta_g(pr.b[(long long)t * pr.bs + h], pr.a[(long long)t * pr.bs + h], pr.a_log[h],
+                   pr.dt_bias[h], bt, gt);
+        } else {
+            for (int i = lane; i < dk; i += 32) {
+                qs[i] = row[kh * dk + i];
+                ks[i] = row[key_dim + kh * dk + i];
+            }
+            gt = g[t * nv + h];
+            bt = beta[t * nv + h];
         }
         __syncwarp();
-        float alpha = expf(g[t * nv + h]), bt = beta[t * nv + h];
+        float alpha = expf(gt);
         if (on) {
             float v = row[2 * key_dim + h * dv + j];
             float u = 0.0f;
@@ -144,8 +195,8 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
 #define DELTA_RULE(NAME, DK)                                                                    \
     extern "C" __global__ void NAME(const float* conv, const float* g, const float* beta,      \
                                     float* state, float* o, int T, int cd, int nk, int nv,     \
-                                    int dk, int dv, const u64* seqs) {                         \
-        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs);             \
+                                    int dk, int dv, const u64* seqs, DeltaPrep pr) {           \
+        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs, pr);         \
     }
 DELTA_RULE(delta_rule_32, 32)
 DELTA_RULE(delta_rule_64, 64)

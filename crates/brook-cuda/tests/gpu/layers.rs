@@ -316,6 +316,8 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
                     dv,
                     seqs: 0,
                     nseq: 1,
+                    prep: None,
+                    prep_in_rule: false,
                 };
                 delta_rule(&g, &rule, mode).expect("launch");
                 let (o, s): (Vec<f32>, Vec<f32>) = (od.read().expect("o"), sd.read().expect("s"));
@@ -326,6 +328,75 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
                     "{mode:?} nk={nk} dk={dk} dv={dv} t={t}: output {eo:.2e}, state {es:.2e}"
                 );
             }
+        }
+    }
+}
+
+/// The token-by-token rule preparing its token itself (q/k head norms, β and g inside its
+/// launch, the default) gives the bits of `delta_prep` launched before it: one sequence of
+/// one and of three tokens, and three sequences of one token each (the batched step's
+/// form), at the real head size and at the generic kernel's (dk 48, dv 40).
+#[test]
+fn the_rule_preparing_its_token_keeps_the_bits_of_the_prep_launch() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng::new(29);
+    for (nk, dk, dv) in [(2, 128, 128), (2, 48, 40)] {
+        let (nv, key_dim) = (2 * nk, nk * dk);
+        let cd = 2 * key_dim + nv * dv;
+        for (t, nseq) in [(1usize, 0usize), (3, 0), (1, 3)] {
+            let tokens = t.max(nseq);
+            // Each token's [b; a] row, `bs` floats apart, as the stacked projection leaves them.
+            let bs = 2 * nv + 3;
+            let conv = rng.vec(tokens * cd, 1.5);
+            let ba = rng.vec(tokens * bs, 2.0);
+            let a_log = rng.vec(nv, 1.0);
+            let dt_bias = rng.vec(nv, 1.0);
+            let s0 = rng.vec(tokens.max(1) * nv * dk * dv, 0.5);
+            let up = |v: &[f32], what: &str| g.upload(v, what).expect("upload");
+            let (bad, ld, dd) = (up(&ba, "b, a"), up(&a_log, "A_log"), up(&dt_bias, "dt_bias"));
+            let run = |in_rule: bool| -> (Vec<f32>, Vec<f32>) {
+                let convd = up(&conv, "conv");
+                let sd = up(&s0, "state");
+                let od = up(&vec![f32::NAN; tokens * nv * dv], "o");
+                let gd = up(&vec![f32::NAN; tokens * nv], "g");
+                let betad = up(&vec![f32::NAN; tokens * nv], "beta");
+                // Sequence z's state is the z-th of `s0`'s blocks (the conv state unused).
+                let per = (nv * dk * dv * 4) as u64;
+                let tab: Vec<u64> = (0..nseq as u64).flat_map(|z| [0, sd.ptr + z * per]).collect();
+                let tabd = g.upload(&tab, "seqs").expect("seqs");
+                let rule = DeltaRule {
+                    conv: convd.ptr,
+                    g: gd.ptr,
+                    beta: betad.ptr,
+                    state: sd.ptr,
+                    o: od.ptr,
+                    t,
+                    cd,
+                    nk,
+                    nv,
+                    dk,
+                    dv,
+                    seqs: if nseq > 0 { tabd.ptr } else { 0 },
+                    nseq: nseq.max(1),
+                    prep: Some(brook_cuda::delta::DeltaPrep {
+                        b: bad.ptr,
+                        a: bad.ptr + (nv as u64 + 1) * 4,
+                        a_log: ld.ptr,
+                        dt_bias: dd.ptr,
+                        bs: bs as i32,
+                    }),
+                    prep_in_rule: in_rule,
+                };
+                delta_rule(&g, &rule, DeltaMode::Recurrent).expect("launch");
+                (od.read().expect("o"), sd.read().expect("state"))
+            };
+            let (o_apart, s_apart) = run(false);
+            let (o_in, s_in) = run(true);
+            let what = format!("nk={nk} dk={dk} dv={dv} t={t} seqs={nseq}");
+            assert!(o_apart.iter().all(|x| x.is_finite()), "{what}: outputs");
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&o_in), bits(&o_apart), "{what}: outputs");
+            assert_eq!(bits(&s_in), bits(&s_apart), "{what}: state");
         }
     }
 }
