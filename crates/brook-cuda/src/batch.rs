@@ -13,7 +13,7 @@ use brook_core::engine::SeqStep;
 use brook_core::model::Logits;
 use brook_core::{Error, Result};
 
-use crate::delta::{self, DeltaPrep, DeltaRule};
+use crate::delta::{self, DeltaPrep, DeltaRule, GatedNorm};
 use crate::gpu::{Args, DevBuf, Pinned};
 use crate::model::CudaModel;
 use crate::ops;
@@ -302,21 +302,16 @@ impl CudaModel {
                         bs: stride as i32,
                     }),
                     prep_in_rule: g.rule_prep,
+                    norm: Some(GatedNorm {
+                        z: zp,
+                        w: norm.ptr,
+                        y: s.y.ptr,
+                        eps: cfg.rms_norm_eps,
+                        zs: stride as i32,
+                    }),
+                    norm_in_rule: g.rule_norm,
                 };
                 delta::delta_rule(g, &rule, model.delta_mode)?;
-                let rows = (n * nv) as i32;
-                let mut a = Args::new();
-                a.arg(s.o.ptr)
-                    .arg(zp)
-                    .arg(norm.ptr)
-                    .arg(s.y.ptr)
-                    .arg(rows)
-                    .arg(dv as i32)
-                    .arg(cfg.rms_norm_eps)
-                    .arg(nv as i32)
-                    .arg(stride as i32);
-                let grid = ((rows as u32).div_ceil(4), 1, 1);
-                g.launch(g.k.gated_norm, grid, 128, 0, &mut a)?;
                 ops::qmv_stacked_n(
                     g,
                     [*out, Mat::NONE, Mat::NONE, Mat::NONE],

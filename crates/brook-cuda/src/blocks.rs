@@ -5,7 +5,7 @@
 use brook_core::Result;
 use brook_core::config::ModelConfig;
 
-use crate::delta::{self, DeltaPrep, DeltaRule};
+use crate::delta::{self, DeltaPrep, DeltaRule, GatedNorm};
 use crate::experts::ReadyFlags;
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
@@ -92,26 +92,16 @@ impl CudaModel {
                 bs: nv,
             }),
             prep_in_rule: g.rule_prep,
+            norm: Some(GatedNorm {
+                z: zp,
+                w: norm.ptr,
+                y: s.y.ptr,
+                eps: cfg.rms_norm_eps,
+                zs: nv * dv,
+            }),
+            norm_in_rule: g.rule_norm,
         };
         delta::delta_rule(g, &rule, self.model.delta_mode)?;
-        let rows = t as i32 * nv;
-        let mut a = Args::new();
-        a.arg(s.o.ptr)
-            .arg(zp)
-            .arg(norm.ptr)
-            .arg(s.y.ptr)
-            .arg(rows)
-            .arg(dv)
-            .arg(cfg.rms_norm_eps)
-            .arg(nv)
-            .arg(nv * dv);
-        g.launch(
-            g.k.gated_norm,
-            ((rows as u32).div_ceil(4), 1, 1),
-            128,
-            0,
-            &mut a,
-        )?;
         self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
     }
 

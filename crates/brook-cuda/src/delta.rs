@@ -46,7 +46,27 @@ pub struct DeltaRule {
     /// Whether a recurrent launch does that preparation itself (`Gpu::rule_prep`: the same
     /// bits as the separate `delta_prep` launch, one launch fewer a DeltaNet layer).
     pub prep_in_rule: bool,
+    /// The outputs normed and gated (`gated_norm`) into `y`; `None`: only `o` is written.
+    pub norm: Option<GatedNorm>,
+    /// Whether a recurrent launch norms its outputs itself, a block a value head
+    /// (`Gpu::rule_norm`: the same bits as the `gated_norm` launch, one launch fewer).
+    pub norm_in_rule: bool,
 }
+
+/// The inputs of the gated norm (kernels/mixers.cu `GatedNorm`): device pointers to z (`zs`
+/// floats a token apart, value head h's gate at h·dv), the norm's weight and the output y
+/// ([t, nv, dv]), and ε.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GatedNorm {
+    pub z: u64,
+    pub w: u64,
+    pub y: u64,
+    pub eps: f32,
+    pub zs: i32,
+}
+
+impl crate::args::KernelArg for GatedNorm {}
 
 /// The inputs of the q/k head norms and the gates (kernels/mixers.cu `DeltaPrep`): device
 /// pointers to b and a (`bs` floats a token apart, value head h at h), A_log and dt_bias.
@@ -148,16 +168,51 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
             128 => g.k.delta_chunk_128,
             _ => g.k.delta_chunk_any,
         };
-        return g.launch(f, grid, CHUNK_THREADS, smem as u32, &mut a);
+        g.launch(f, grid, CHUNK_THREADS, smem as u32, &mut a)?;
+        return norm_after(g, p);
     }
-    a.arg(p.seqs).arg(in_rule);
+    // A block a value head when it norms its own outputs (at most 256 threads: with the
+    // state in registers more would not fit an SM's register file).
+    let head_threads = p.dv.div_ceil(32) * 32;
+    let norm_in = p.norm.filter(|_| p.norm_in_rule && head_threads <= 256);
+    a.arg(p.seqs).arg(in_rule).arg(norm_in.unwrap_or_default());
     let f = match p.dk {
         32 => g.k.delta_rule_32,
         64 => g.k.delta_rule_64,
         128 => g.k.delta_rule_128,
         _ => g.k.delta_rule_any,
     };
-    g.launch(f, grid, COLS as u32, (2 * p.dk * 4) as u32, &mut a)
+    if norm_in.is_some() {
+        let grid = (p.nv as u32, 1, nz as u32);
+        let smem = (2 * p.dk + head_threads) * 4;
+        return g.launch(f, grid, head_threads as u32, smem as u32, &mut a);
+    }
+    g.launch(f, grid, COLS as u32, (2 * p.dk * 4) as u32, &mut a)?;
+    norm_after(g, p)
+}
+
+/// `gated_norm` over the rule's outputs `o` into the norm's `y`, where there is a norm.
+fn norm_after(g: &Gpu, p: &DeltaRule) -> Result<()> {
+    let Some(n) = &p.norm else { return Ok(()) };
+    let tokens = if p.seqs != 0 { p.nseq.max(1) } else { p.t };
+    let rows = (tokens * p.nv) as i32;
+    let mut a = Args::new();
+    a.arg(p.o)
+        .arg(n.z)
+        .arg(n.w)
+        .arg(n.y)
+        .arg(rows)
+        .arg(p.dv as i32)
+        .arg(n.eps)
+        .arg(p.nv as i32)
+        .arg(n.zs);
+    g.launch(
+        g.k.gated_norm,
+        ((rows as u32).div_ceil(4), 1, 1),
+        128,
+        0,
+        &mut a,
+    )
 }
 
 #[cfg(test)]

@@ -129,6 +129,9 @@ pub struct Gpu {
     /// The delta rule prepares a decoded token's q/k heads and gates in its own launch
     /// (unless `BROOK_CUDA_RULE_PREP=0`; see delta.rs).
     pub rule_prep: bool,
+    /// The delta rule norms and gates a decoded token's outputs in its own launch (unless
+    /// `BROOK_CUDA_RULE_NORM=0`).
+    pub rule_norm: bool,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
@@ -321,6 +324,7 @@ impl Gpu {
             compile_s,
             pdl: cc.0 >= 9 && crate::switches::pdl(),
             rule_prep: crate::switches::rule_prep(),
+            rule_norm: crate::switches::rule_norm(),
             gateup_split: crate::switches::gateup_split(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),

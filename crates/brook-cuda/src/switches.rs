@@ -33,6 +33,13 @@ pub fn rule_prep() -> bool {
     on_unless_0("BROOK_CUDA_RULE_PREP")
 }
 
+/// `BROOK_CUDA_RULE_NORM=0`: a decoded token's gated norm (`gated_norm`) as a launch of its
+/// own after the delta rule, instead of inside the rule's launch, whose block then takes a
+/// whole value head (the same bits either way).
+pub fn rule_norm() -> bool {
+    on_unless_0("BROOK_CUDA_RULE_NORM")
+}
+
 /// `BROOK_CUDA_GATEUP_SPLIT=N` (1 to 4): the most warps a gate/up tile of the tensor-core
 /// SwiGLU kernel is split over, each taking a slice of the row (`ops::qmv_experts`); 4 by
 /// default. The split sets the order of each row's sums, so every launch of a process

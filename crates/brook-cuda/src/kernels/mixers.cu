@@ -87,8 +87,30 @@ struct DeltaPrep {
     int bs;
 };
 
+// gated_norm's inputs for a rule that writes its token's normed output itself (`y` null:
+// the rule writes o for a gated_norm launch after it).
+struct GatedNorm {
+    const float* z;         // [T, zs]: value head h's gate at h·dv
+    const float* w;         // [dv]
+    float* y;               // [T, nv, dv]
+    float eps;
+    int zs;
+};
+
+// gated_norm's factor for a head whose outputs' squares sum (in its order) to ss, and an
+// output normed and gated by it: shared by gated_norm and delta_rule_impl, the same bits.
+__device__ __forceinline__ float gated_inv(float ss, int dv, float eps) {
+    return 1.0f / sqrtf(ss / (float)dv + eps);
+}
+__device__ __forceinline__ float gated_out(float o, float inv, float w, float z) {
+    return o * inv * w * siluf_(z);
+}
+
 // The gated delta rule token by token. Block (h, column group): each lane owns one value
 // column j of head h's [dk, dv] state, kept in registers when DK > 0 (else in global memory).
+// A column group is the block's threads: 32, or with `gn.y` set the whole head (dv rounded
+// up to warps), whose outputs the block then norms and gates itself (gated_norm's work, the
+// same bits) instead of writing o: one launch fewer.
 // With `pr.b` set, the block prepares its token's q and k heads and head h's β and g itself
 // (delta_prep's work, the same bits) as it loads them, which saves that launch: the conv
 // output is read as the conv wrote it.
@@ -99,7 +121,7 @@ template <int DK>
 __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
                                 const float* __restrict__ beta, float* __restrict__ state,
                                 float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv,
-                                const u64* __restrict__ seqs, DeltaPrep pr) {
+                                const u64* __restrict__ seqs, DeltaPrep pr, GatedNorm gn) {
     if (DK == 0) PDL_SYNC();
     if (seqs) {
         int z = blockIdx.z;
@@ -112,12 +134,17 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
             pr.b += (long long)z * pr.bs;
             pr.a += (long long)z * pr.bs;
         }
+        if (gn.y) {
+            gn.z += (long long)z * gn.zs;
+            gn.y += (long long)z * nv * dv;
+        }
     }
-    extern __shared__ float sm[];   // q[dk], k[dk]
+    extern __shared__ float sm[];   // q[dk], k[dk], then with gn.y the head's outputs
     float* qs = sm;
     float* ks = sm + dk;
-    int h = blockIdx.x, lane = threadIdx.x;
-    int j = blockIdx.y * 32 + lane;
+    float* os = sm + 2 * dk;
+    int h = blockIdx.x, lane = threadIdx.x & 31;
+    int j = blockIdx.y * blockDim.x + threadIdx.x;
     int kh = h / (nv / nk), key_dim = nk * dk;
     bool on = j < dv;
     float* st = state + (long long)h * dk * dv;
@@ -137,22 +164,24 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
             }
             float iq = head_scale(warp_sum(sq), dk, true);
             float ik = head_scale(warp_sum(sk), dk, false);
-            for (int i = lane; i < dk; i += 32) {
+            // Every warp found the same factors; the block's threads share the writes.
+            for (int i = threadIdx.x; i < dk; i += blockDim.x) {
                 qs[i] = row[kh * dk + i] * iq;
                 ks[i] = row[key_dim + kh * dk + i] * ik;
             }
             beta_g(pr.b[(long long)t * pr.bs + h], pr.a[(long long)t * pr.bs + h], pr.a_log[h],
                    pr.dt_bias[h], bt, gt);
         } else {
-            for (int i = lane; i < dk; i += 32) {
+            for (int i = threadIdx.x; i < dk; i += blockDim.x) {
                 qs[i] = row[kh * dk + i];
                 ks[i] = row[key_dim + kh * dk + i];
             }
             gt = g[t * nv + h];
             bt = beta[t * nv + h];
         }
-        __syncwarp();
+        __syncthreads();
         float alpha = expf(gt);
+        float out = 0.0f;
         if (on) {
             float v = row[2 * key_dim + h * dv + j];
             float u = 0.0f;
@@ -170,7 +199,6 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
                 }
             }
             float delta = bt * (v - u);
-            float out = 0.0f;
             if (DK > 0) {
 #pragma unroll
                 for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
@@ -184,9 +212,22 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
                     out = fmaf(x, qs[i], out);
                 }
             }
-            o[((long long)t * nv + h) * dv + j] = out;
+            if (!gn.y) o[((long long)t * nv + h) * dv + j] = out;
         }
-        __syncwarp();
+        if (gn.y) {
+            // gated_norm's sum: lane l adds columns l, l + 32, ... in order, then the warp's
+            // lanes meet; every warp finds the same factor.
+            if (threadIdx.x < dv) os[threadIdx.x] = out;
+            __syncthreads();
+            float ss = 0.0f;
+            for (int i = lane; i < dv; i += 32) ss = fmaf(os[i], os[i], ss);
+            float inv = gated_inv(warp_sum(ss), dv, gn.eps);
+            if (on) {
+                long long r = (long long)t * nv + h;
+                gn.y[r * dv + j] = gated_out(out, inv, gn.w[j], gn.z[(long long)t * gn.zs + h * dv + j]);
+            }
+        }
+        __syncthreads();
     }
     if (DK > 0 && on)
         for (int i = 0; i < DK; i++) st_state(st + i * dv + j, s[i]);
@@ -195,8 +236,9 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
 #define DELTA_RULE(NAME, DK)                                                                    \
     extern "C" __global__ void NAME(const float* conv, const float* g, const float* beta,      \
                                     float* state, float* o, int T, int cd, int nk, int nv,     \
-                                    int dk, int dv, const u64* seqs, DeltaPrep pr) {           \
-        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs, pr);         \
+                                    int dk, int dv, const u64* seqs, DeltaPrep pr,             \
+                                    GatedNorm gn) {                                            \
+        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs, pr, gn);     \
     }
 DELTA_RULE(delta_rule_32, 32)
 DELTA_RULE(delta_rule_64, 64)
@@ -215,9 +257,9 @@ extern "C" __global__ void gated_norm(const float* __restrict__ o, const float* 
     z += (long long)(r / nv) * zs + (long long)(r % nv) * dv - (long long)r * dv;
     float ss = 0.0f;
     for (int i = lane; i < dv; i += 32) ss = fmaf(oh[i], oh[i], ss);
-    float inv = 1.0f / sqrtf(warp_sum(ss) / (float)dv + eps);
+    float inv = gated_inv(warp_sum(ss), dv, eps);
     for (int i = lane; i < dv; i += 32)
-        y[(long long)r * dv + i] = oh[i] * inv * w[i] * siluf_(z[(long long)r * dv + i]);
+        y[(long long)r * dv + i] = gated_out(oh[i], inv, w[i], z[(long long)r * dv + i]);
 }
 
 // Attention inputs: q = rope(rms_norm(q)), gate split off, k = rope(rms_norm(k)) and v written

@@ -318,6 +318,8 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
                     nseq: 1,
                     prep: None,
                     prep_in_rule: false,
+                    norm: None,
+                    norm_in_rule: false,
                 };
                 delta_rule(&g, &rule, mode).expect("launch");
                 let (o, s): (Vec<f32>, Vec<f32>) = (od.read().expect("o"), sd.read().expect("s"));
@@ -332,12 +334,13 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
     }
 }
 
-/// The token-by-token rule preparing its token itself (q/k head norms, β and g inside its
-/// launch, the default) gives the bits of `delta_prep` launched before it: one sequence of
-/// one and of three tokens, and three sequences of one token each (the batched step's
-/// form), at the real head size and at the generic kernel's (dk 48, dv 40).
+/// The token-by-token rule preparing its token itself (q/k head norms, β and g) and norming
+/// and gating its outputs itself, the defaults, gives the bits of `delta_prep` launched
+/// before it and `gated_norm` after it, each fold alone too: one sequence of one and of
+/// three tokens, and three sequences of one token each (the batched step's form), at the
+/// real head size and at the generic kernel's (dk 48, dv 40: a partial warp).
 #[test]
-fn the_rule_preparing_its_token_keeps_the_bits_of_the_prep_launch() {
+fn the_rule_folding_its_prep_and_norm_keeps_the_bits_of_their_launches() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(29);
     for (nk, dk, dv) in [(2, 128, 128), (2, 48, 40)] {
@@ -345,24 +348,27 @@ fn the_rule_preparing_its_token_keeps_the_bits_of_the_prep_launch() {
         let cd = 2 * key_dim + nv * dv;
         for (t, nseq) in [(1usize, 0usize), (3, 0), (1, 3)] {
             let tokens = t.max(nseq);
-            // Each token's [b; a] row, `bs` floats apart, as the stacked projection leaves them.
-            let bs = 2 * nv + 3;
+            // Each token's [b; a] row and its gates z, `bs` and `zs` floats apart.
+            let (bs, zs) = (2 * nv + 3, nv * dv + 5);
             let conv = rng.vec(tokens * cd, 1.5);
             let ba = rng.vec(tokens * bs, 2.0);
-            let a_log = rng.vec(nv, 1.0);
-            let dt_bias = rng.vec(nv, 1.0);
-            let s0 = rng.vec(tokens.max(1) * nv * dk * dv, 0.5);
+            let z = rng.vec(tokens * zs, 2.0);
+            let (a_log, dt_bias, w) = (rng.vec(nv, 1.0), rng.vec(nv, 1.0), rng.vec(dv, 1.0));
+            let s0 = rng.vec(tokens * nv * dk * dv, 0.5);
             let up = |v: &[f32], what: &str| g.upload(v, what).expect("upload");
-            let (bad, ld, dd) = (up(&ba, "b, a"), up(&a_log, "A_log"), up(&dt_bias, "dt_bias"));
-            let run = |in_rule: bool| -> (Vec<f32>, Vec<f32>) {
+            let (bad, zd, ld) = (up(&ba, "b, a"), up(&z, "z"), up(&a_log, "A_log"));
+            let (dd, wd) = (up(&dt_bias, "dt_bias"), up(&w, "norm weight"));
+            let run = |prep_in_rule: bool, norm_in_rule: bool| -> (Vec<f32>, Vec<f32>) {
                 let convd = up(&conv, "conv");
                 let sd = up(&s0, "state");
-                let od = up(&vec![f32::NAN; tokens * nv * dv], "o");
-                let gd = up(&vec![f32::NAN; tokens * nv], "g");
-                let betad = up(&vec![f32::NAN; tokens * nv], "beta");
+                let nan = |n: usize, what: &str| up(&vec![f32::NAN; n], what);
+                let (od, yd) = (nan(tokens * nv * dv, "o"), nan(tokens * nv * dv, "y"));
+                let (gd, betad) = (nan(tokens * nv, "g"), nan(tokens * nv, "beta"));
                 // Sequence z's state is the z-th of `s0`'s blocks (the conv state unused).
                 let per = (nv * dk * dv * 4) as u64;
-                let tab: Vec<u64> = (0..nseq as u64).flat_map(|z| [0, sd.ptr + z * per]).collect();
+                let tab: Vec<u64> = (0..nseq as u64)
+                    .flat_map(|z| [0, sd.ptr + z * per])
+                    .collect();
                 let tabd = g.upload(&tab, "seqs").expect("seqs");
                 let rule = DeltaRule {
                     conv: convd.ptr,
@@ -385,18 +391,31 @@ fn the_rule_preparing_its_token_keeps_the_bits_of_the_prep_launch() {
                         dt_bias: dd.ptr,
                         bs: bs as i32,
                     }),
-                    prep_in_rule: in_rule,
+                    prep_in_rule,
+                    norm: Some(brook_cuda::delta::GatedNorm {
+                        z: zd.ptr,
+                        w: wd.ptr,
+                        y: yd.ptr,
+                        eps: 1e-6,
+                        zs: zs as i32,
+                    }),
+                    norm_in_rule,
                 };
                 delta_rule(&g, &rule, DeltaMode::Recurrent).expect("launch");
-                (od.read().expect("o"), sd.read().expect("state"))
+                (yd.read().expect("y"), sd.read().expect("state"))
             };
-            let (o_apart, s_apart) = run(false);
-            let (o_in, s_in) = run(true);
-            let what = format!("nk={nk} dk={dk} dv={dv} t={t} seqs={nseq}");
-            assert!(o_apart.iter().all(|x| x.is_finite()), "{what}: outputs");
             let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&o_in), bits(&o_apart), "{what}: outputs");
-            assert_eq!(bits(&s_in), bits(&s_apart), "{what}: state");
+            let (y0, s0_out) = run(false, false);
+            assert!(
+                y0.iter().all(|x| x.is_finite()),
+                "outputs of the launches apart"
+            );
+            for (p, n) in [(true, false), (false, true), (true, true)] {
+                let what = format!("nk={nk} dk={dk} dv={dv} t={t} seqs={nseq} prep {p} norm {n}");
+                let (y, st) = run(p, n);
+                assert_eq!(bits(&y), bits(&y0), "{what}: outputs");
+                assert_eq!(bits(&st), bits(&s0_out), "{what}: state");
+            }
         }
     }
 }
