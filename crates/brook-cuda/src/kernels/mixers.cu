@@ -179,6 +179,12 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
             gt = g[t * nv + h];
             bt = beta[t * nv + h];
         }
+        // The norm's weight and gate, loaded while the rule computes.
+        float wj = 0.0f, zj = 0.0f;
+        if (gn.y && on) {
+            wj = gn.w[j];
+            zj = gn.z[(long long)t * gn.zs + h * dv + j];
+        }
         __syncthreads();
         float alpha = expf(gt);
         float out = 0.0f;
@@ -222,10 +228,7 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
             float ss = 0.0f;
             for (int i = lane; i < dv; i += 32) ss = fmaf(os[i], os[i], ss);
             float inv = gated_inv(warp_sum(ss), dv, gn.eps);
-            if (on) {
-                long long r = (long long)t * nv + h;
-                gn.y[r * dv + j] = gated_out(out, inv, gn.w[j], gn.z[(long long)t * gn.zs + h * dv + j]);
-            }
+            if (on) gn.y[((long long)t * nv + h) * dv + j] = gated_out(out, inv, wj, zj);
         }
         __syncthreads();
     }
