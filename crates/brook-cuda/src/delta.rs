@@ -2,8 +2,9 @@
 //! DeltaNet block and the kernel tests: `delta_rule_*` runs the recurrence a token at a time
 //! (decode), `delta_chunk_*` a chunk of 64 tokens at a time (prefill). They mirror brook_core's
 //! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills. The
-//! q/k head norms and the gates (`delta_prep`) run in the rule's own launch where it goes a
-//! token at a time, else as a launch before it.
+//! q/k head norms and gates (`delta_prep`) and the gated norm (`gated_norm`) run as launches
+//! before and after the rule, or inside a token-by-token rule's own launch
+//! (`switches::rule_prep`, `switches::rule_norm`).
 
 use brook_core::model::delta_net::DeltaMode;
 use brook_core::{Error, Result};
