@@ -54,6 +54,17 @@ pub struct DeltaRule {
     pub norm_in_rule: bool,
 }
 
+impl DeltaRule {
+    /// Tokens the launch covers: `t`, or one a sequence in `seqs`.
+    fn tokens(&self) -> usize {
+        if self.seqs != 0 {
+            self.nseq.max(1)
+        } else {
+            self.t
+        }
+    }
+}
+
 /// The inputs of the gated norm (kernels/mixers.cu `GatedNorm`): device pointers to z (`zs`
 /// floats a token apart, value head h's gate at h·dv), the norm's weight and the output y
 /// ([t, nv, dv]), and ε.
@@ -86,7 +97,7 @@ impl crate::args::KernelArg for DeltaPrep {}
 /// `delta_prep` over `p`'s tokens (or its sequences' one token each): the conv output's q
 /// and k heads normalised in place, β and g written.
 fn prep_launch(g: &Gpu, p: &DeltaRule, pr: &DeltaPrep) -> Result<()> {
-    let tokens = if p.seqs != 0 { p.nseq.max(1) } else { p.t };
+    let tokens = p.tokens();
     let mut a = Args::new();
     a.arg(p.conv)
         .arg(pr.b)
@@ -195,8 +206,7 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
 /// `gated_norm` over the rule's outputs `o` into the norm's `y`, where there is a norm.
 fn norm_after(g: &Gpu, p: &DeltaRule) -> Result<()> {
     let Some(n) = &p.norm else { return Ok(()) };
-    let tokens = if p.seqs != 0 { p.nseq.max(1) } else { p.t };
-    let rows = (tokens * p.nv) as i32;
+    let rows = (p.tokens() * p.nv) as i32;
     let mut a = Args::new();
     a.arg(p.o)
         .arg(n.z)
