@@ -97,7 +97,6 @@ impl crate::args::KernelArg for DeltaPrep {}
 /// `delta_prep` over `p`'s tokens (or its sequences' one token each): the conv output's q
 /// and k heads normalised in place, β and g written.
 fn prep_launch(g: &Gpu, p: &DeltaRule, pr: &DeltaPrep) -> Result<()> {
-    let tokens = p.tokens();
     let mut a = Args::new();
     a.arg(p.conv)
         .arg(pr.b)
@@ -111,7 +110,7 @@ fn prep_launch(g: &Gpu, p: &DeltaRule, pr: &DeltaPrep) -> Result<()> {
         .arg(p.nv as i32)
         .arg(p.dk as i32)
         .arg(pr.bs);
-    g.launch(g.k.delta_prep, (tokens as u32, 1, 1), 256, 0, &mut a)
+    g.launch(g.k.delta_prep, (p.tokens() as u32, 1, 1), 256, 0, &mut a)
 }
 
 /// Bytes of dynamic shared memory `delta_chunk_*` takes at key width `dk` (the layout of
