@@ -254,6 +254,49 @@ fn a_resumed_repack_redoes_files_its_state_lists_but_the_disk_lost() {
 }
 
 #[test]
+fn a_repack_killed_while_it_writes_its_manifest_finishes_with_nothing_left_over() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let ck = Checkpoint::open(&fixture("next-q4")).expect("open");
+    let src = RepackSource::from_checkpoint(&ck).expect("source");
+    let whole = dir.path().join("whole");
+    let (want, total_calls) = repack_counted(&src, &whole);
+    let manifest = std::fs::read(whole.join("manifest.json")).expect("manifest");
+    let tmp = |d: &Path| d.join("manifest.json.partial");
+
+    // Killed before the state file went: the state resumes; a whole or a cut
+    // `manifest.json.partial` is written again.
+    for cut in [manifest.len(), manifest.len() / 2] {
+        let out = dir.path().join(format!("state-{cut}"));
+        assert!(repack_killed(&src, &out, total_calls - 1));
+        std::fs::write(tmp(&out), &manifest[..cut]).expect("write");
+        assert!(Container::open(&out).is_err(), "not a container yet");
+        repack(&src, &out, &mut |_| {}).expect("resume");
+        assert_eq!(snapshot(&out), want, "cut at {cut}");
+    }
+
+    // Killed after the state file went, before the rename: the next run renames.
+    let out = dir.path().join("renamed");
+    repack(&src, &out, &mut |_| {}).expect("repack");
+    std::fs::rename(out.join("manifest.json"), tmp(&out)).expect("rename");
+    assert!(Container::open(&out).is_err(), "not a container yet");
+    let mut calls = 0;
+    repack(&src, &out, &mut |_| calls += 1).expect("finish");
+    assert_eq!(calls, 0, "nothing is written again");
+    assert_eq!(snapshot(&out), want);
+    Container::open(&out).expect("opens");
+
+    // The same leftover from another checkpoint is not taken for this one's.
+    let other = Checkpoint::open(&fixture("next-q8")).expect("open");
+    let other_src = RepackSource::from_checkpoint(&other).expect("source");
+    let foreign = dir.path().join("foreign");
+    repack(&other_src, &foreign, &mut |_| {}).expect("repack");
+    std::fs::rename(foreign.join("manifest.json"), tmp(&foreign)).expect("rename");
+    let e = repack(&src, &foreign, &mut |_| {}).expect_err("refused");
+    assert!(e.to_string().contains("not empty"), "{e}");
+    assert!(!foreign.join("manifest.json").exists());
+}
+
+#[test]
 fn a_repack_that_cannot_fit_is_refused_before_writing() {
     let dir = tempfile::tempdir().expect("tmp");
     let e = brook_core::util::ensure_free_space(dir.path(), u64::MAX / 4, "the repack")

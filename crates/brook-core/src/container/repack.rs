@@ -6,7 +6,7 @@
 //! after every finished file); each file is written as `*.partial` and renamed when complete,
 //! so a run killed at any moment redoes at most the file it was writing, and the result is
 //! byte-identical to an uninterrupted run. `manifest.json` is written last, by rename: a
-//! folder without it is never taken for a container.
+//! folder without it is never taken for a container, and one with it holds nothing else.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -147,6 +147,9 @@ pub fn repack(
         .filter(|n| !n.contains(".mlp.switch_mlp."))
         .collect();
     let config_xxh3 = hash_hex(&serde_json::to_vec(&src.config_json).unwrap_or_default());
+    if let Some(m) = recover_finished(out, &src.identity)? {
+        return Ok(m);
+    }
     let mut state = prepare_output(out, &src.identity, &config_xxh3, cfg.num_hidden_layers)?;
 
     let dense_bytes: u64 = dense_names
@@ -256,10 +259,42 @@ pub fn repack(
     };
     let bytes = serde_json::to_vec_pretty(&manifest)
         .map_err(|e| Error::Invalid(format!("cannot encode manifest: {e}")))?;
-    write_atomic(&out.join("manifest.json"), &bytes)?;
-    let _ = std::fs::remove_file(out.join(STATE_FILE));
+    // The manifest goes down whole before the state file goes, and is renamed into place
+    // after: a run killed at any point leaves either an unfinished repack (a state file, or
+    // no state file beside a whole `manifest.json.partial`, which the next run renames) or
+    // the finished container with nothing else in the folder.
+    let mpath = out.join("manifest.json");
+    write_synced(&partial(&mpath), &bytes)?;
+    let state_path = out.join(STATE_FILE);
+    if let Err(e) = std::fs::remove_file(&state_path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        return Err(Error::io(&state_path, e));
+    }
     sync_dir(out);
+    crate::util::rename_durable(&partial(&mpath), &mpath).map_err(|e| Error::io(&mpath, e))?;
     Ok(manifest)
+}
+
+/// A repack of `identity` killed after its state file went but before its manifest was
+/// renamed into place: finishes it and returns the manifest; `None` for anything else.
+fn recover_finished(out: &Path, identity: &SourceIdentity) -> Result<Option<Manifest>> {
+    let mpath = out.join("manifest.json");
+    let tmp = partial(&mpath);
+    if out.join(STATE_FILE).exists() || mpath.exists() || !tmp.is_file() {
+        return Ok(None);
+    }
+    let Ok(text) = crate::util::read_capped(&tmp, crate::util::MAX_INDEX) else {
+        return Ok(None);
+    };
+    match serde_json::from_slice::<Manifest>(&text) {
+        Ok(m) if m.source == *identity => {
+            crate::util::rename_durable(&tmp, &mpath).map_err(|e| Error::io(&mpath, e))?;
+            tracing::info!("finished the repack in {}", out.display());
+            Ok(Some(m))
+        }
+        _ => Ok(None),
+    }
 }
 
 /// Checks the output folder: new, empty, or this same repack's unfinished output.
@@ -342,17 +377,22 @@ fn save_state(out: &Path, s: &RepackState) -> Result<()> {
 /// Writes `bytes` to `path` through a temporary file, fsync and rename.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = partial(path);
-    let io = |e| Error::io(&tmp, e);
-    let written = File::create(&tmp).and_then(|mut f| {
+    write_synced(&tmp, bytes)?;
+    crate::util::rename_durable(&tmp, path).map_err(|e| Error::io(path, e))
+}
+
+/// Writes `bytes` to `path` and flushes them to the disk; a failure removes the file.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    let written = File::create(path).and_then(|mut f| {
         f.write_all(bytes)?;
         f.sync_all()
     });
     if let Err(e) = written {
         // A full disk leaves no half-written file behind.
-        let _ = std::fs::remove_file(&tmp);
-        return Err(io(e));
+        let _ = std::fs::remove_file(path);
+        return Err(Error::io(path, e));
     }
-    crate::util::rename_durable(&tmp, path).map_err(|e| Error::io(path, e))
+    Ok(())
 }
 
 fn copy_atomic(from: &Path, to: &Path) -> Result<()> {
