@@ -359,11 +359,13 @@ fn matmul(c: &mut Criterion) {
         float: DType::BF16,
     };
     // A dense projection over a whole chunk, and an expert's gate and down over the ~16
-    // tokens a 512-token chunk routes to each of 256 experts (top-8).
+    // tokens a 512-token chunk routes to each of 256 experts (top-8), and 24 (three panels of
+    // AVX2's tile).
     let cases = [
         ("q4g64_2048x2048_T512", 2048, 2048, 512),
         ("q4g64_expert_gate_512x2048_T16", 512, 2048, 16),
         ("q4g64_expert_down_2048x512_T16", 2048, 512, 16),
+        ("q4g64_expert_gate_512x2048_T24", 512, 2048, 24),
     ];
     let mut g = c.benchmark_group("matmul");
     for (name, out, inp, t) in cases {

@@ -5,7 +5,10 @@
 //! vector. A block of weight rows is unpacked to f32 in the same lane order (as the dot-product
 //! tile did), and the kernel broadcasts one weight of each of up to six rows and multiplies it
 //! with two panels' vectors: twelve accumulators, each (row, eight tokens), two loads and six
-//! broadcasts per twelve FMAs. The dot-product form it replaces loaded a weight vector and
+//! broadcasts per twelve FMAs. An odd number of panels ends with three at once, three rows a
+//! call (nine accumulators): one panel alone has six, too few to cover the FMA's latency, and
+//! ran at half to two thirds of the pairs' rate on a Zen 3 core, where an expert's 17-24
+//! tokens are three panels. The dot-product form it replaces loaded a weight vector and
 //! four token vectors from L2 per eight FMAs (2048 × 2048 × 512 tokens on one core: 29
 //! Gelem/s, against 39-45 for this one; docs/bench/2026-12-06.md).
 //!
@@ -88,48 +91,32 @@ pub(super) unsafe fn matmul_rows(
         }
         let mut p = 0;
         while p < np {
-            let pp = if np - p >= 2 { 2 } else { 1 };
-            let x = panels[p * npad * PANEL..].as_ptr();
-            let mut acc = [[[0.0f32; 2 * PANEL]; MR]; GROUPS];
-            // A chunk of the panels' elements stays in L1 while every row group of the block
-            // takes it; each (row, token) sum still runs over the elements in order.
-            let mut k0 = 0;
-            while k0 < npad {
-                let k1 = (k0 + KB).min(npad);
-                for (gi, acc) in acc.iter_mut().enumerate().take(nr.div_ceil(MR)) {
-                    let i = gi * MR;
-                    let rr = MR.min(nr - i);
-                    let wp = tile[i * npad..].as_ptr();
-                    // SAFETY: the tile holds rows i..i+rr of npad elements and the panels pp
-                    // panels of npad from p (asserted above); AVX2 and FMA are present.
-                    unsafe {
-                        match (rr, pp) {
-                            (6, 2) => kernel::<6, 2>(wp, npad, x, npad, k0..k1, acc),
-                            (6, _) => kernel::<6, 1>(wp, npad, x, npad, k0..k1, acc),
-                            (5, 2) => kernel::<5, 2>(wp, npad, x, npad, k0..k1, acc),
-                            (5, _) => kernel::<5, 1>(wp, npad, x, npad, k0..k1, acc),
-                            (4, 2) => kernel::<4, 2>(wp, npad, x, npad, k0..k1, acc),
-                            (4, _) => kernel::<4, 1>(wp, npad, x, npad, k0..k1, acc),
-                            (3, 2) => kernel::<3, 2>(wp, npad, x, npad, k0..k1, acc),
-                            (3, _) => kernel::<3, 1>(wp, npad, x, npad, k0..k1, acc),
-                            (2, 2) => kernel::<2, 2>(wp, npad, x, npad, k0..k1, acc),
-                            (2, _) => kernel::<2, 1>(wp, npad, x, npad, k0..k1, acc),
-                            (_, 2) => kernel::<1, 2>(wp, npad, x, npad, k0..k1, acc),
-                            _ => kernel::<1, 1>(wp, npad, x, npad, k0..k1, acc),
-                        }
-                    }
-                }
-                k0 = k1;
-            }
-            // Token by token, each a run of consecutive columns (row by row, every store
-            // went to another token's row: 6 % of the tile's time).
-            for b in 0..(t - p * PANEL).min(pp * PANEL) {
-                let at = (p * PANEL + b) * out + r0;
-                // SAFETY: columns r0..r0+nr belong to `rows`, which the caller gave to us
-                // alone; `slice` checks they are inside Y.
-                let yr = unsafe { y.slice(at..at + nr) };
-                for (i, v) in yr.iter_mut().enumerate() {
-                    *v = acc[i / MR][i % MR][b];
+            // Panels in pairs; an odd count's last three together, in rows of three (a
+            // lone panel's six accumulators ran at half to two thirds of the pairs' rate).
+            let pp = match np - p {
+                3 => 3,
+                1 => 1,
+                _ => 2,
+            };
+            let pass = Pass {
+                tile,
+                npad,
+                nr,
+                x: panels[p * npad * PANEL..].as_ptr(),
+                tokens: (t - p * PANEL).min(pp * PANEL),
+                at: p * PANEL * out + r0,
+                out,
+            };
+            // SAFETY: the tile holds nr rows of npad elements and the panels pp panels of
+            // npad from p (asserted above); Y's columns r0..r0+nr are ours; AVX2 and FMA are
+            // present.
+            unsafe {
+                if pp == 3 {
+                    pass.run::<{ 3 * PANEL }>(&y, three);
+                } else if pp == 2 {
+                    pass.run::<{ 2 * PANEL }>(&y, pair);
+                } else {
+                    pass.run::<{ 2 * PANEL }>(&y, one);
                 }
             }
             p += pp;
@@ -138,18 +125,155 @@ pub(super) unsafe fn matmul_rows(
     }
 }
 
+/// One pass of a block's rows over up to three panels from `x`.
+struct Pass<'t> {
+    tile: &'t [f32],
+    npad: usize,
+    /// Rows of the block in the tile.
+    nr: usize,
+    x: *const f32,
+    /// Tokens of these panels.
+    tokens: usize,
+    /// Y's index of the first token's first column.
+    at: usize,
+    out: usize,
+}
+
+/// The kernels of one row group: (rows, weights, panels, elements, its partial sums).
+type Group<const W: usize> =
+    unsafe fn(usize, *const f32, usize, *const f32, Range<usize>, &mut [[f32; W]; MR]);
+
+impl Pass<'_> {
+    /// Runs `group` on every row group, a chunk of elements at a time, and writes Y.
+    ///
+    /// # Safety
+    /// As [`matmul_rows`]'s, for this pass's rows, panels and columns.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run<const W: usize>(&self, y: &SharedMut<'_, f32>, group: Group<W>) {
+        let (npad, nr) = (self.npad, self.nr);
+        let mut acc = [[[0.0f32; W]; MR]; GROUPS];
+        // A chunk of the panels' elements stays in L1 while every row group of the block
+        // takes it; each (row, token) sum still runs over the elements in order.
+        let mut k0 = 0;
+        while k0 < npad {
+            let k1 = (k0 + KB).min(npad);
+            for (gi, acc) in acc.iter_mut().enumerate().take(nr.div_ceil(MR)) {
+                let i = gi * MR;
+                let wp = self.tile[i * npad..].as_ptr();
+                // SAFETY: forwarded; the tile holds rows i..i + rr.
+                unsafe { group(MR.min(nr - i), wp, npad, self.x, k0..k1, acc) };
+            }
+            k0 = k1;
+        }
+        // Token by token, each a run of consecutive columns (row by row, every store went
+        // to another token's row: 6 % of the tile's time).
+        for b in 0..self.tokens {
+            let at = self.at + b * self.out;
+            // SAFETY: these columns belong to the caller's rows alone; `slice` checks they
+            // are inside Y.
+            let yr = unsafe { y.slice(at..at + nr) };
+            for (i, v) in yr.iter_mut().enumerate() {
+                *v = acc[i / MR][i % MR][b];
+            }
+        }
+    }
+}
+
+/// A row group of `rr` rows over two panels.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pair(
+    rr: usize,
+    w: *const f32,
+    n: usize,
+    x: *const f32,
+    ks: Range<usize>,
+    acc: &mut [[f32; 2 * PANEL]; MR],
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match rr {
+            6 => kernel::<6, 2, 16>(w, n, x, n, ks, acc),
+            5 => kernel::<5, 2, 16>(w, n, x, n, ks, acc),
+            4 => kernel::<4, 2, 16>(w, n, x, n, ks, acc),
+            3 => kernel::<3, 2, 16>(w, n, x, n, ks, acc),
+            2 => kernel::<2, 2, 16>(w, n, x, n, ks, acc),
+            _ => kernel::<1, 2, 16>(w, n, x, n, ks, acc),
+        }
+    }
+}
+
+/// A row group over one panel.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn one(
+    rr: usize,
+    w: *const f32,
+    n: usize,
+    x: *const f32,
+    ks: Range<usize>,
+    acc: &mut [[f32; 2 * PANEL]; MR],
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match rr {
+            6 => kernel::<6, 1, 16>(w, n, x, n, ks, acc),
+            5 => kernel::<5, 1, 16>(w, n, x, n, ks, acc),
+            4 => kernel::<4, 1, 16>(w, n, x, n, ks, acc),
+            3 => kernel::<3, 1, 16>(w, n, x, n, ks, acc),
+            2 => kernel::<2, 1, 16>(w, n, x, n, ks, acc),
+            _ => kernel::<1, 1, 16>(w, n, x, n, ks, acc),
+        }
+    }
+}
+
+/// A row group over three panels, three rows a call.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn three(
+    rr: usize,
+    w: *const f32,
+    n: usize,
+    x: *const f32,
+    ks: Range<usize>,
+    acc: &mut [[f32; 3 * PANEL]; MR],
+) {
+    let (a, b) = acc.split_at_mut(3);
+    let w3 = w.wrapping_add(3 * n);
+    // SAFETY: forwarded; the second call's rows 3.. exist where rr > 3.
+    unsafe {
+        match rr {
+            6 => {
+                kernel::<3, 3, 24>(w, n, x, n, ks.clone(), a);
+                kernel::<3, 3, 24>(w3, n, x, n, ks, b);
+            }
+            5 => {
+                kernel::<3, 3, 24>(w, n, x, n, ks.clone(), a);
+                kernel::<2, 3, 24>(w3, n, x, n, ks, b);
+            }
+            4 => {
+                kernel::<3, 3, 24>(w, n, x, n, ks.clone(), a);
+                kernel::<1, 3, 24>(w3, n, x, n, ks, b);
+            }
+            3 => kernel::<3, 3, 24>(w, n, x, n, ks, a),
+            2 => kernel::<2, 3, 24>(w, n, x, n, ks, a),
+            _ => kernel::<1, 3, 24>(w, n, x, n, ks, a),
+        }
+    }
+}
+
 /// acc[r][8q + j] += Σ_{k ∈ ks} w[r·ws + k] · x[q·8·n + 8k + j] for r < R, q < P, one FMA
 /// per k in order.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kernel<const R: usize, const P: usize>(
+unsafe fn kernel<const R: usize, const P: usize, const W: usize>(
     w: *const f32,
     ws: usize,
     x: *const f32,
     n: usize,
     ks: Range<usize>,
-    acc: &mut [[f32; 2 * PANEL]; MR],
+    acc: &mut [[f32; W]],
 ) {
+    const { assert!(P * PANEL <= W) };
+    assert!(acc.len() >= R);
     let mut a = [[_mm256_setzero_ps(); P]; R];
     // SAFETY: the caller guarantees R rows of ≥ ks.end weights at stride ws and P panels of
     // n ≥ ks.end.
