@@ -114,9 +114,9 @@ pub(super) unsafe fn matmul_rows(
                 if pp == 3 {
                     pass.run::<{ 3 * PANEL }>(&y, three);
                 } else if pp == 2 {
-                    pass.run::<{ 2 * PANEL }>(&y, pair);
+                    pass.run::<{ 2 * PANEL }>(&y, few::<2>);
                 } else {
-                    pass.run::<{ 2 * PANEL }>(&y, one);
+                    pass.run::<{ 2 * PANEL }>(&y, few::<1>);
                 }
             }
             p += pp;
@@ -180,9 +180,9 @@ impl Pass<'_> {
     }
 }
 
-/// A row group of `rr` rows over two panels.
+/// A row group of `rr` rows over P (one or two) panels.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pair(
+unsafe fn few<const P: usize>(
     rr: usize,
     w: *const f32,
     n: usize,
@@ -193,35 +193,12 @@ unsafe fn pair(
     // SAFETY: forwarded.
     unsafe {
         match rr {
-            6 => kernel::<6, 2, 16>(w, n, x, n, ks, acc),
-            5 => kernel::<5, 2, 16>(w, n, x, n, ks, acc),
-            4 => kernel::<4, 2, 16>(w, n, x, n, ks, acc),
-            3 => kernel::<3, 2, 16>(w, n, x, n, ks, acc),
-            2 => kernel::<2, 2, 16>(w, n, x, n, ks, acc),
-            _ => kernel::<1, 2, 16>(w, n, x, n, ks, acc),
-        }
-    }
-}
-
-/// A row group over one panel.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn one(
-    rr: usize,
-    w: *const f32,
-    n: usize,
-    x: *const f32,
-    ks: Range<usize>,
-    acc: &mut [[f32; 2 * PANEL]; MR],
-) {
-    // SAFETY: forwarded.
-    unsafe {
-        match rr {
-            6 => kernel::<6, 1, 16>(w, n, x, n, ks, acc),
-            5 => kernel::<5, 1, 16>(w, n, x, n, ks, acc),
-            4 => kernel::<4, 1, 16>(w, n, x, n, ks, acc),
-            3 => kernel::<3, 1, 16>(w, n, x, n, ks, acc),
-            2 => kernel::<2, 1, 16>(w, n, x, n, ks, acc),
-            _ => kernel::<1, 1, 16>(w, n, x, n, ks, acc),
+            6 => kernel::<6, P, 16>(w, n, x, n, ks, acc),
+            5 => kernel::<5, P, 16>(w, n, x, n, ks, acc),
+            4 => kernel::<4, P, 16>(w, n, x, n, ks, acc),
+            3 => kernel::<3, P, 16>(w, n, x, n, ks, acc),
+            2 => kernel::<2, P, 16>(w, n, x, n, ks, acc),
+            _ => kernel::<1, P, 16>(w, n, x, n, ks, acc),
         }
     }
 }
