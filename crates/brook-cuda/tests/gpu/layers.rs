@@ -336,9 +336,10 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
 
 /// The token-by-token rule preparing its token itself (q/k head norms, β and g) and norming
 /// and gating its outputs itself (`BROOK_CUDA_RULE_PREP=1`, `BROOK_CUDA_RULE_NORM=1`) gives
-/// the bits of `delta_prep` launched before it and `gated_norm` after it, each fold alone too: one sequence of one and of
-/// three tokens, and three sequences of one token each (the batched step's form), at the
-/// real head size and at the generic kernel's (dk 48, dv 40: a partial warp).
+/// the bits of `delta_prep` launched before it and `gated_norm` after it, each fold alone
+/// too: one sequence of one and of three tokens, and three sequences of one token each (the
+/// batched step's form), at the real head size and at the generic kernel's (dk 48, dv 40: a
+/// partial warp).
 #[test]
 fn the_rule_folding_its_prep_and_norm_keeps_the_bits_of_their_launches() {
     let Some(g) = gpu() else { return };
