@@ -127,10 +127,10 @@ pub struct Gpu {
     /// `BROOK_CUDA_PDL=0`): a kernel may start while the one before it finishes.
     pub pdl: bool,
     /// The delta rule prepares a decoded token's q/k heads and gates in its own launch
-    /// (`BROOK_CUDA_RULE_PREP=1`; see delta.rs).
+    /// (unless `BROOK_CUDA_RULE_PREP=0`; see delta.rs).
     pub rule_prep: bool,
     /// The delta rule norms and gates a decoded token's outputs in its own launch
-    /// (`BROOK_CUDA_RULE_NORM=1`).
+    /// (unless `BROOK_CUDA_RULE_NORM=0`).
     pub rule_norm: bool,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,

@@ -26,20 +26,20 @@ pub fn prefetch() -> bool {
     on_unless_0("BROOK_CUDA_PREFETCH")
 }
 
-/// `BROOK_CUDA_RULE_PREP=1`: the delta rule prepares a decoded token's q/k heads and gates
-/// itself instead of after a `delta_prep` launch (the same bits, one launch fewer a DeltaNet
-/// layer). Off until measured on a GPU: written on 2026-12-07, whose device starts failed
-/// (docs/bench/2026-12-07.md; `the_rule_folding_its_prep_and_norm_keeps_the_bits_of_their_
-/// launches` is its test).
+/// `BROOK_CUDA_RULE_PREP=0`: a `delta_prep` launch prepares a decoded token's q/k heads and
+/// gates before the delta rule, instead of the rule doing it as it loads them (the same bits,
+/// one launch fewer a DeltaNet layer; with [`rule_norm`], one sequence's step 396 → 421 tok/s
+/// on an H100, docs/bench/2026-12-07.md; `the_rule_folding_its_prep_and_norm_keeps_the_bits_
+/// of_their_launches` is its test).
 pub fn rule_prep() -> bool {
-    on_if_1("BROOK_CUDA_RULE_PREP")
+    on_unless_0("BROOK_CUDA_RULE_PREP")
 }
 
-/// `BROOK_CUDA_RULE_NORM=1`: the delta rule norms and gates a decoded token's outputs itself,
-/// its block a whole value head, instead of a `gated_norm` launch after it (the same bits,
-/// one launch fewer a DeltaNet layer). Off until measured, as [`rule_prep`].
+/// `BROOK_CUDA_RULE_NORM=0`: a `gated_norm` launch norms and gates a decoded token's outputs
+/// after the delta rule, instead of the rule doing it with its block a whole value head (the
+/// same bits, one launch fewer a DeltaNet layer; measured with [`rule_prep`]).
 pub fn rule_norm() -> bool {
-    on_if_1("BROOK_CUDA_RULE_NORM")
+    on_unless_0("BROOK_CUDA_RULE_NORM")
 }
 
 /// `BROOK_CUDA_GATEUP_SPLIT=N` (1 to 4): the most warps a gate/up tile of the tensor-core
