@@ -193,12 +193,12 @@ unsafe fn few<const P: usize>(
     // SAFETY: forwarded.
     unsafe {
         match rr {
-            6 => kernel::<6, P, 16>(w, n, x, n, ks, acc),
-            5 => kernel::<5, P, 16>(w, n, x, n, ks, acc),
-            4 => kernel::<4, P, 16>(w, n, x, n, ks, acc),
-            3 => kernel::<3, P, 16>(w, n, x, n, ks, acc),
-            2 => kernel::<2, P, 16>(w, n, x, n, ks, acc),
-            _ => kernel::<1, P, 16>(w, n, x, n, ks, acc),
+            6 => kernel::<6, P, { 2 * PANEL }>(w, n, x, n, ks, acc),
+            5 => kernel::<5, P, { 2 * PANEL }>(w, n, x, n, ks, acc),
+            4 => kernel::<4, P, { 2 * PANEL }>(w, n, x, n, ks, acc),
+            3 => kernel::<3, P, { 2 * PANEL }>(w, n, x, n, ks, acc),
+            2 => kernel::<2, P, { 2 * PANEL }>(w, n, x, n, ks, acc),
+            _ => kernel::<1, P, { 2 * PANEL }>(w, n, x, n, ks, acc),
         }
     }
 }
@@ -214,25 +214,32 @@ unsafe fn three(
     acc: &mut [[f32; 3 * PANEL]; MR],
 ) {
     let (a, b) = acc.split_at_mut(3);
-    let w3 = w.wrapping_add(3 * n);
     // SAFETY: forwarded; the second call's rows 3.. exist where rr > 3.
     unsafe {
+        three_rows(rr.min(3), w, n, x, ks.clone(), a);
+        if rr > 3 {
+            three_rows(rr - 3, w.add(3 * n), n, x, ks, b);
+        }
+    }
+}
+
+/// `rr` (1 to 3) rows over three panels.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn three_rows(
+    rr: usize,
+    w: *const f32,
+    n: usize,
+    x: *const f32,
+    ks: Range<usize>,
+    acc: &mut [[f32; 3 * PANEL]],
+) {
+    // SAFETY: forwarded.
+    unsafe {
         match rr {
-            6 => {
-                kernel::<3, 3, 24>(w, n, x, n, ks.clone(), a);
-                kernel::<3, 3, 24>(w3, n, x, n, ks, b);
-            }
-            5 => {
-                kernel::<3, 3, 24>(w, n, x, n, ks.clone(), a);
-                kernel::<2, 3, 24>(w3, n, x, n, ks, b);
-            }
-            4 => {
-                kernel::<3, 3, 24>(w, n, x, n, ks.clone(), a);
-                kernel::<1, 3, 24>(w3, n, x, n, ks, b);
-            }
-            3 => kernel::<3, 3, 24>(w, n, x, n, ks, a),
-            2 => kernel::<2, 3, 24>(w, n, x, n, ks, a),
-            _ => kernel::<1, 3, 24>(w, n, x, n, ks, a),
+            3 => kernel::<3, 3, { 3 * PANEL }>(w, n, x, n, ks, acc),
+            2 => kernel::<2, 3, { 3 * PANEL }>(w, n, x, n, ks, acc),
+            _ => kernel::<1, 3, { 3 * PANEL }>(w, n, x, n, ks, acc),
         }
     }
 }
