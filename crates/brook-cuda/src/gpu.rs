@@ -17,20 +17,8 @@ use cudarc::driver::{result, sys};
 use crate::args::MAX_ARGS;
 pub use crate::args::{Args, KernelArg};
 pub use crate::buffers::{DevBuf, Pinned};
+pub use crate::functions::{Kernel, Kernels, SOURCE};
 use crate::nvrtc::ptx_for;
-
-/// The CUDA C source of every kernel.
-pub const SOURCE: &str = concat!(
-    include_str!("kernels/common.cu"),
-    include_str!("kernels/matvec.cu"),
-    include_str!("kernels/tensor.cu"),
-    include_str!("kernels/tensor_n.cu"),
-    include_str!("kernels/experts_tc.cu"),
-    include_str!("kernels/matmul.cu"),
-    include_str!("kernels/routing.cu"),
-    include_str!("kernels/mixers.cu"),
-    include_str!("kernels/delta.cu"),
-);
 
 /// A GPU error as a brook error, naming what was being done.
 pub fn err(what: &str, e: impl std::fmt::Display) -> Error {
@@ -53,56 +41,6 @@ pub fn libraries_present() -> std::result::Result<(), String> {
         return Err("the CUDA driver is present but NVRTC (libnvrtc.so) is not; install the CUDA toolkit's NVRTC or use --backend cpu".into());
     }
     Ok(())
-}
-
-/// One kernel of the loaded module.
-#[derive(Debug, Clone, Copy)]
-pub struct Kernel(sys::CUfunction);
-
-/// The kernels of [`SOURCE`], looked up once.
-#[derive(Debug)]
-pub struct Kernels {
-    pub qmv1: Kernel,
-    pub qmv4: Kernel,
-    pub qmv_sel: Kernel,
-    pub qmv_swiglu: Kernel,
-    pub moe_down: Kernel,
-    pub qmv_tc: Kernel,
-    /// qmv_tcn2, qmv_tcn4 and qmv_tcn8 (vectors a block).
-    pub qmv_tcn: [Kernel; 3],
-    pub swiglu_tc: Kernel,
-    pub swiglu_tc_ready: Kernel,
-    pub down_tc: Kernel,
-    pub down_tc_ready: Kernel,
-    pub qmm: Kernel,
-    pub swiglu: Kernel,
-    pub embed: Kernel,
-    pub add_rms_norm: Kernel,
-    pub topk: Kernel,
-    pub topk_given: Kernel,
-    pub best_rows: Kernel,
-    pub top_blocks: Kernel,
-    pub top_rows: Kernel,
-    pub moe_count: Kernel,
-    pub gather_mapped: Kernel,
-    pub gather_ready: Kernel,
-    pub moe_offsets: Kernel,
-    pub moe_fill: Kernel,
-    pub moe_combine: Kernel,
-    pub conv_silu: Kernel,
-    pub delta_prep: Kernel,
-    pub delta_rule_32: Kernel,
-    pub delta_rule_64: Kernel,
-    pub delta_rule_128: Kernel,
-    pub delta_rule_any: Kernel,
-    pub delta_chunk_32: Kernel,
-    pub delta_chunk_64: Kernel,
-    pub delta_chunk_128: Kernel,
-    pub delta_chunk_any: Kernel,
-    pub gated_norm: Kernel,
-    pub attn_prep: Kernel,
-    pub attention: Kernel,
-    pub attention_dec: Kernel,
 }
 
 /// One device with its context, stream, compiled kernels and a running count of device
@@ -132,6 +70,9 @@ pub struct Gpu {
     /// The delta rule norms and gates a decoded token's outputs in its own launch
     /// (unless `BROOK_CUDA_RULE_NORM=0`).
     pub rule_norm: bool,
+    /// The product before a decoded token's DeltaNet conv runs it (`BROOK_CUDA_CONV_FOLD=1`;
+    /// see delta.rs `qkv_conv`).
+    pub conv_fold: bool,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
@@ -198,55 +139,6 @@ impl Gpu {
         // SAFETY: a NUL-terminated PTX image; the module is unloaded in Drop.
         let module = unsafe { result::module::load_data(ptx_c.as_ptr() as *const c_void) }
             .map_err(|e| err("loading the kernels", e))?;
-        let f = |n: &str| -> Result<Kernel> {
-            let cn = CString::new(n).map_err(|e| err("kernel name", e))?;
-            // SAFETY: module is loaded; the name is NUL-terminated.
-            unsafe { result::module::get_function(module, cn) }
-                .map(Kernel)
-                .map_err(|e| err(&format!("finding kernel {n}"), e))
-        };
-        let k = Kernels {
-            qmv1: f("qmv1")?,
-            qmv4: f("qmv4")?,
-            qmv_sel: f("qmv_sel")?,
-            qmv_swiglu: f("qmv_swiglu")?,
-            moe_down: f("moe_down")?,
-            qmv_tc: f("qmv_tc")?,
-            qmv_tcn: [f("qmv_tcn2")?, f("qmv_tcn4")?, f("qmv_tcn8")?],
-            swiglu_tc: f("swiglu_tc")?,
-            swiglu_tc_ready: f("swiglu_tc_ready")?,
-            down_tc: f("down_tc")?,
-            down_tc_ready: f("down_tc_ready")?,
-            qmm: f("qmm")?,
-            swiglu: f("swiglu")?,
-            embed: f("embed")?,
-            add_rms_norm: f("add_rms_norm")?,
-            topk: f("topk")?,
-            topk_given: f("topk_given")?,
-            best_rows: f("best_rows")?,
-            top_blocks: f("top_blocks")?,
-            top_rows: f("top_rows")?,
-            moe_count: f("moe_count")?,
-            gather_mapped: f("gather_mapped")?,
-            gather_ready: f("gather_ready")?,
-            moe_offsets: f("moe_offsets")?,
-            moe_fill: f("moe_fill")?,
-            moe_combine: f("moe_combine")?,
-            conv_silu: f("conv_silu")?,
-            delta_prep: f("delta_prep")?,
-            delta_rule_32: f("delta_rule_32")?,
-            delta_rule_64: f("delta_rule_64")?,
-            delta_rule_128: f("delta_rule_128")?,
-            delta_rule_any: f("delta_rule_any")?,
-            delta_chunk_32: f("delta_chunk_32")?,
-            delta_chunk_64: f("delta_chunk_64")?,
-            delta_chunk_128: f("delta_chunk_128")?,
-            delta_chunk_any: f("delta_chunk_any")?,
-            gated_norm: f("gated_norm")?,
-            attn_prep: f("attn_prep")?,
-            attention: f("attention")?,
-            attention_dec: f("attention_dec")?,
-        };
         // The matrix-vector kernels stage their activations in dynamic shared memory and the
         // chunked delta rule its chunk (134 KiB at dk = 128): allow them what the device
         // offers, less 1 KiB for any static shared memory of their own (the limit counts
@@ -254,37 +146,7 @@ impl Gpu {
         let max_smem =
             attr(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?
                 - 1024;
-        let large_smem = [
-            k.qmv1,
-            k.qmv4,
-            k.qmv_sel,
-            k.qmv_swiglu,
-            k.moe_down,
-            k.qmv_tc,
-            k.qmv_tcn[0],
-            k.qmv_tcn[1],
-            k.qmv_tcn[2],
-            k.swiglu_tc,
-            k.swiglu_tc_ready,
-            k.down_tc,
-            k.down_tc_ready,
-            k.delta_chunk_32,
-            k.delta_chunk_64,
-            k.delta_chunk_128,
-            k.delta_chunk_any,
-        ];
-        for f in large_smem {
-            // SAFETY: a kernel of the loaded module; the value is the device's own limit.
-            unsafe {
-                sys::cuFuncSetAttribute(
-                    f.0,
-                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                    max_smem,
-                )
-            }
-            .result()
-            .map_err(|e| err("configuring shared memory", e))?;
-        }
+        let k = Kernels::load(module, max_smem)?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
             .map_err(|e| err("creating a stream", e))?;
         // The side stream at the highest priority: its few blocks (a prefetch's copies, which
@@ -325,6 +187,7 @@ impl Gpu {
             pdl: cc.0 >= 9 && crate::switches::pdl(),
             rule_prep: crate::switches::rule_prep(),
             rule_norm: crate::switches::rule_norm(),
+            conv_fold: crate::switches::conv_fold(),
             gateup_split: crate::switches::gateup_split(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),

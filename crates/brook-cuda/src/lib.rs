@@ -16,6 +16,7 @@ mod blocks;
 mod buffers;
 pub mod delta;
 mod engine;
+mod functions;
 pub mod experts;
 mod given;
 pub mod gpu;

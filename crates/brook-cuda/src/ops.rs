@@ -2,6 +2,7 @@
 
 use brook_core::{Error, Result};
 
+use crate::delta::ConvFold;
 use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
@@ -142,12 +143,21 @@ pub fn qmv(
             None,
         );
     }
-    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y)
+    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y, None).map(|_| ())
 }
 
 /// y[v] = [m0; m1; m2; m3]·x[v / xdiv] for `nvec` vectors: on the tensor cores where every
-/// matrix fits them, else on the CUDA cores.
-fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
+/// matrix fits them, else on the CUDA cores. With `conv`, the tensor cores' kernel also runs
+/// a decoded token's conv on its rows (`Ok(true)`); the CUDA cores' does not (`Ok(false)`).
+fn stacked(
+    g: &Gpu,
+    m: [Mat; 4],
+    xdiv: i32,
+    nvec: usize,
+    x: u64,
+    y: u64,
+    conv: Option<&ConvFold>,
+) -> Result<bool> {
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
     let mut a = Args::new();
@@ -165,18 +175,27 @@ fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Resu
             .clamp(1, (2 * sms / nvec.max(1)).max(1)) as u32;
         a.arg(split as i32).arg(x).arg(y);
         let grid = (bx, nvec as u32, 1);
-        return g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a);
+        let kernel = match conv {
+            Some(cv) => {
+                a.arg(*cv);
+                g.k.qmv_tc_conv
+            }
+            None => g.k.qmv_tc,
+        };
+        g.launch(kernel, grid, 256, tc_bytes as u32, &mut a)?;
+        return Ok(conv.is_some());
     }
     a.arg(x).arg(y);
     let smem = smem_for(g, cols)?;
     let (rw, bx) = geometry(g, rows, nvec);
-    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)?;
+    Ok(false)
 }
 
 /// y = [m0; m1; m2; m3]·x for one vector: up to four matrices that read the same input in
 /// one launch (their outputs follow each other in y).
 pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
-    stacked(g, m, 1, 1, x, y)
+    stacked(g, m, 1, 1, x, y, None).map(|_| ())
 }
 
 /// The most vectors a block of `qmv_tcn` takes (kernels/tensor_n.cu: qmv_tcn2, 4 and 8).
@@ -187,8 +206,22 @@ const TCN: usize = 8;
 /// alone: the same kernel family with the same split of each row, the tensor-core kernel
 /// reading each weight tile once for up to eight vectors.
 pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Result<()> {
+    qmv_stacked_fold(g, m, nvec, x, y, None).map(|_| ())
+}
+
+/// [`qmv_stacked_n`], where the tensor-core kernels take the stack also running vector v's
+/// token through its sequence's conv (`conv`, delta.rs `qkv_conv`): `Ok(true)` where they
+/// did, `Ok(false)` where the product ran alone.
+pub fn qmv_stacked_fold(
+    g: &Gpu,
+    m: [Mat; 4],
+    nvec: usize,
+    x: u64,
+    y: u64,
+    conv: Option<&ConvFold>,
+) -> Result<bool> {
     if nvec <= 1 {
-        return stacked(g, m, 1, 1, x, y);
+        return stacked(g, m, 1, 1, x, y, conv);
     }
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
@@ -205,7 +238,11 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
         // The smallest kernel that holds the vectors (every vector it has room for is
         // computed, present or not), eight a block beyond; it lays out room for all of them.
         let nv = nvec.next_power_of_two().min(TCN);
-        let kernel = g.k.qmv_tcn[nv.trailing_zeros() as usize - 1];
+        let at = nv.trailing_zeros() as usize - 1;
+        let kernel = match conv {
+            Some(_) => g.k.qmv_tcn_conv[at],
+            None => g.k.qmv_tcn[at],
+        };
         let groups = nvec.div_ceil(nv);
         let n_bytes = tc_smem(cols, nv) + nv * tc_part_bytes(QMV_WARPS);
         if n_bytes <= g.max_smem as usize {
@@ -213,26 +250,34 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
                 .div_ceil(QMV_WARPS / split)
                 .clamp(1, (sms / groups).max(1)) as u32;
             a.arg(nvec as i32).arg(split as i32).arg(x).arg(y);
+            if let Some(cv) = conv {
+                a.arg(*cv);
+            }
             let grid = (bx, groups as u32, 1);
-            return g.launch(kernel, grid, 256, n_bytes as u32, &mut a);
+            g.launch(kernel, grid, 256, n_bytes as u32, &mut a)?;
+            return Ok(conv.is_some());
         }
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec).max(1)) as u32;
         a.arg(1i32).arg(split as i32).arg(x).arg(y);
-        return g.launch(
-            g.k.qmv_tc,
-            (bx, nvec as u32, 1),
-            256,
-            tc_bytes as u32,
-            &mut a,
-        );
+        let kernel = match conv {
+            Some(cv) => {
+                a.arg(*cv);
+                g.k.qmv_tc_conv
+            }
+            None => g.k.qmv_tc,
+        };
+        let grid = (bx, nvec as u32, 1);
+        g.launch(kernel, grid, 256, tc_bytes as u32, &mut a)?;
+        return Ok(conv.is_some());
     }
     a.arg(1i32).arg(x).arg(y);
     let smem = smem_for(g, cols)?;
     let (rw, _) = geometry(g, rows, 1);
     let bx = blocks_for(sms, rows, rw as usize, nvec);
-    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)?;
+    Ok(false)
 }
 
 /// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert

@@ -157,6 +157,42 @@ __device__ __forceinline__ float ldsb(u64 p, int type, long long i) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
+
+// Channel c of one decoded token's causal depthwise conv with SiLU (conv_silu at T = 1): the
+// state's K − 1 rows (cd floats apart), then the token's value xn, each times wt's row c,
+// summed in that order; the state's rows then move up one and its last takes xn.
+__device__ __forceinline__ float conv_step(float* __restrict__ state, const float* __restrict__ wt,
+                                           int cd, int kk, int c, float xn) {
+    int s = kk - 1;
+    float acc = 0.0f;
+    for (int m = 0; m < s; m++) acc = fmaf(wt[c * kk + m], state[(long long)m * cd + c], acc);
+    acc = fmaf(wt[c * kk + s], xn, acc);
+    for (int r = 0; r + 1 < s; r++) state[(long long)r * cd + c] = state[(long long)(r + 1) * cd + c];
+    if (s > 0) state[(long long)(s - 1) * cd + c] = xn;
+    return siluf_(acc);
+}
+
+// A decoded token's conv folded into the [qkv; z; b; a] product before it (qmv_tc_conv,
+// qmv_tcnN_conv; delta.rs `qkv_conv`): output row r < cd of vector v is also channel r's new
+// value, and the one lane that computed it runs conv_step on v's state (`state`, or
+// seqs[2v] where seqs is set, as conv_silu's), its result into out[v, r]. No other thread
+// reads that channel's state. Without it (NoFold) the products store their rows only.
+struct ConvFold {
+    float* state;
+    const u64* seqs;
+    const float* wt;
+    float* out;
+    int cd, kk;
+    __device__ __forceinline__ void operator()(int v, int r, float o) const {
+        if (r >= cd) return;
+        float* st = seqs ? (float*)seqs[2 * v] : state;
+        out[(long long)v * cd + r] = conv_step(st, wt, cd, kk, r, o);
+    }
+};
+struct NoFold {
+    __device__ __forceinline__ void operator()(int, int, float) const {}
+};
+
 __device__ __forceinline__ float softplusf_(float x) {
     return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
 }

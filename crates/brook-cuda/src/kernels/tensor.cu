@@ -349,11 +349,12 @@ __device__ __forceinline__ bool tc_first(int tiles, int split, int nch, TcLoads<
 
 // y[v, r] = W[r]·x[v / xdiv] over the rows of m0..m3 stacked, on the tensor cores, in tiles
 // of 16 rows (tc_tiles). ST: the scales' type, bf16 (1) or f16 (2); G: the group size;
-// every matrix's the same. Dynamic shared memory: ops.rs `tc_smem`.
-template <int ST, int G>
+// every matrix's the same. Dynamic shared memory: ops.rs `tc_smem`. Each row's value also
+// goes to `fold` (ConvFold, or NoFold: nothing).
+template <int ST, int G, typename Fold>
 __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const Mat& m3,
                             int xdiv, int split, const float* __restrict__ x,
-                            float* __restrict__ y, uint4* tcs) {
+                            float* __restrict__ y, uint4* tcs, const Fold& fold) {
     int K = m0.cols, nch = K >> 7;
     uint4* fr = tcs;
     float* sx = (float*)(tcs + nch * TC_CHUNK_U4);
@@ -374,6 +375,8 @@ __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const M
                     [&](int tile, const float (&o)[2]) {
                         yv[tile * 16 + g] = o[0];
                         yv[tile * 16 + g + 8] = o[1];
+                        fold(v, tile * 16 + g, o[0]);
+                        fold(v, tile * 16 + g + 8, o[1]);
                     });
 }
 
@@ -402,6 +405,14 @@ __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const M
 extern "C" __global__ void __launch_bounds__(256, 2)
     qmv_tc(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, int split, const float* __restrict__ x,
            float* __restrict__ y) {
-#define QMV_TC(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs)
+#define QMV_TC(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs, NoFold())
     TC_DISPATCH(m0, QMV_TC);
+}
+
+// qmv_tc with a decoded token's conv folded in (ConvFold): vector v is sequence v's token.
+extern "C" __global__ void __launch_bounds__(256, 2)
+    qmv_tc_conv(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, int split,
+                const float* __restrict__ x, float* __restrict__ y, ConvFold cv) {
+#define QMV_TC_CONV(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs, cv)
+    TC_DISPATCH(m0, QMV_TC_CONV);
 }
