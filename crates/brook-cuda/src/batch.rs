@@ -266,14 +266,13 @@ impl CudaModel {
                 let stride = (qkv.rows + z.rows + bm.rows + am.rows) as usize;
                 let cv = ConvFold {
                     state: 0,
-                    seqs: tab,
                     wt: conv_w.ptr,
                     out: s.conv.ptr,
                     cd: cd as i32,
                     kk: cfg.linear_conv_kernel_dim as i32,
                 };
                 let stack = [*qkv, *z, *bm, *am];
-                delta::qkv_conv(g, stack, n, normed, s.qkv.ptr, stride, &cv, g.conv_fold)?;
+                delta::qkv_conv(g, stack, n, normed, s.qkv.ptr, stride, &cv, tab, false)?;
                 let zp = s.qkv.ptr + (cd * 4) as u64;
                 let bp = zp + (z.rows as u64) * 4;
                 let ap = bp + (bm.rows as u64) * 4;

@@ -45,14 +45,13 @@ impl CudaModel {
             // with them where it folds.
             let cv = ConvFold {
                 state: conv.ptr,
-                seqs: 0,
                 wt: conv_w.ptr,
                 out: s.conv.ptr,
                 cd,
                 kk: cfg.linear_conv_kernel_dim as i32,
             };
             let stack = [qkv, z, b, am];
-            delta::qkv_conv(g, stack, 1, s.normed.ptr, s.qkv.ptr, 0, &cv, g.conv_fold)?;
+            delta::qkv_conv(g, stack, 1, s.normed.ptr, s.qkv.ptr, 0, &cv, 0, g.conv_fold)?;
             let zp = s.qkv.ptr + cd as u64 * 4;
             let bp = zp + z.rows as u64 * 4;
             (zp, bp, bp + nv as u64 * 4)

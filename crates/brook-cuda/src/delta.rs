@@ -97,15 +97,13 @@ pub struct DeltaPrep {
 
 impl crate::args::KernelArg for DeltaPrep {}
 
-/// A decoded token's causal conv with SiLU (kernels/common.cu `ConvFold`): device pointers
-/// to one sequence's conv state ([K − 1, cd], advanced in place) or, where `seqs` is set, a
-/// table of two pointers a sequence whose first is its state (as [`DeltaRule::seqs`]); the
-/// checkpoint's weights ([cd, K]) and the output ([tokens, cd]).
+/// One decoded token's causal conv with SiLU folded into a product (kernels/common.cu
+/// `ConvFold`): device pointers to the sequence's conv state ([K − 1, cd], advanced in
+/// place), the checkpoint's weights ([cd, K]) and the output ([cd]).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ConvFold {
     pub state: u64,
-    pub seqs: u64,
     pub wt: u64,
     pub out: u64,
     pub cd: i32,
@@ -114,12 +112,14 @@ pub struct ConvFold {
 
 impl crate::args::KernelArg for ConvFold {}
 
-/// y[v] = [qkv; z; b; a]·x[v] for `nvec` decoded tokens (one sequence, or one each of the
-/// sequences in `cv.seqs`), then each token's first `cv.cd` values through its sequence's
-/// conv into `cv.out`. With `fold` (`Gpu::conv_fold`) the product's tensor-core kernel runs
-/// the conv on the values it computes, one launch fewer a DeltaNet layer; otherwise, or
-/// where the stack does not fit the tensor cores, `conv_silu` follows the product (`stride`:
-/// floats from one token's y to the next). The same bits either way; `Ok(true)` where folded.
+/// y[v] = [qkv; z; b; a]·x[v] for `nvec` decoded tokens, then each token's first `cd` values
+/// through its sequence's conv into `out` ([`ConvFold`]'s, for one sequence; with `seqs`, a
+/// table of two pointers a sequence whose first is its state, as [`DeltaRule::seqs`]). With
+/// `fold` (`Gpu::conv_fold`) the tensor-core kernel of one sequence's product runs the conv
+/// on the values it computes, one launch fewer a DeltaNet layer; otherwise, for several
+/// sequences, or where the stack does not fit the tensor cores, `conv_silu` follows the
+/// product (`stride`: floats from one token's y to the next). The same bits either way;
+/// `Ok(true)` where folded.
 #[allow(clippy::too_many_arguments)]
 pub fn qkv_conv(
     g: &Gpu,
@@ -129,11 +129,13 @@ pub fn qkv_conv(
     y: u64,
     stride: usize,
     cv: &ConvFold,
+    seqs: u64,
     fold: bool,
 ) -> Result<bool> {
-    if ops::qmv_stacked_fold(g, m, nvec, x, y, fold.then_some(cv))? {
+    if fold && nvec == 1 && seqs == 0 && ops::qmv_stacked_conv(g, m, x, y, cv)? {
         return Ok(true);
     }
+    ops::qmv_stacked_n(g, m, nvec, x, y)?;
     let mut a = Args::new();
     a.arg(y)
         .arg(cv.state)
@@ -143,7 +145,7 @@ pub fn qkv_conv(
         .arg(cv.cd)
         .arg(cv.kk)
         .arg(stride as i32)
-        .arg(cv.seqs);
+        .arg(seqs);
     let grid = ((cv.cd as u32).div_ceil(128), 1, nvec as u32);
     g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
     Ok(false)

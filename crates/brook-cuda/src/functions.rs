@@ -35,11 +35,12 @@ pub struct Kernels {
     pub qmv_tc: Kernel,
     /// qmv_tcn2, qmv_tcn4 and qmv_tcn8 (vectors a block).
     pub qmv_tcn: [Kernel; 3],
-    /// qmv_tc and the qmv_tcn kernels with a decoded token's conv folded in (delta.rs).
+    /// qmv_tc for one vector with a decoded token's conv folded in (delta.rs `qkv_conv`).
     pub qmv_tc_conv: Kernel,
-    pub qmv_tcn_conv: [Kernel; 3],
     pub swiglu_tc: Kernel,
     pub swiglu_tc_ready: Kernel,
+    /// swiglu_tc and swiglu_tc_ready at five blocks an SM (`Gpu::gateup_blocks`).
+    pub swiglu_tc5: [Kernel; 2],
     pub down_tc: Kernel,
     pub down_tc_ready: Kernel,
     pub qmm: Kernel,
@@ -77,97 +78,92 @@ impl Kernels {
     /// Looks every kernel up in `module` and lets those that stage in shared memory take up
     /// to `max_smem` bytes of it.
     pub(crate) fn load(module: sys::CUmodule, max_smem: i32) -> Result<Kernels> {
-    let f = |n: &str| -> Result<Kernel> {
-        let cn = CString::new(n).map_err(|e| err("kernel name", e))?;
-        // SAFETY: module is loaded; the name is NUL-terminated.
-        unsafe { result::module::get_function(module, cn) }
-            .map(Kernel)
-            .map_err(|e| err(&format!("finding kernel {n}"), e))
-    };
-    let k = Kernels {
-        qmv1: f("qmv1")?,
-        qmv4: f("qmv4")?,
-        qmv_sel: f("qmv_sel")?,
-        qmv_swiglu: f("qmv_swiglu")?,
-        moe_down: f("moe_down")?,
-        qmv_tc: f("qmv_tc")?,
-        qmv_tcn: [f("qmv_tcn2")?, f("qmv_tcn4")?, f("qmv_tcn8")?],
-        qmv_tc_conv: f("qmv_tc_conv")?,
-        qmv_tcn_conv: [
-            f("qmv_tcn2_conv")?,
-            f("qmv_tcn4_conv")?,
-            f("qmv_tcn8_conv")?,
-        ],
-        swiglu_tc: f("swiglu_tc")?,
-        swiglu_tc_ready: f("swiglu_tc_ready")?,
-        down_tc: f("down_tc")?,
-        down_tc_ready: f("down_tc_ready")?,
-        qmm: f("qmm")?,
-        swiglu: f("swiglu")?,
-        embed: f("embed")?,
-        add_rms_norm: f("add_rms_norm")?,
-        topk: f("topk")?,
-        topk_given: f("topk_given")?,
-        best_rows: f("best_rows")?,
-        top_blocks: f("top_blocks")?,
-        top_rows: f("top_rows")?,
-        moe_count: f("moe_count")?,
-        gather_mapped: f("gather_mapped")?,
-        gather_ready: f("gather_ready")?,
-        moe_offsets: f("moe_offsets")?,
-        moe_fill: f("moe_fill")?,
-        moe_combine: f("moe_combine")?,
-        conv_silu: f("conv_silu")?,
-        delta_prep: f("delta_prep")?,
-        delta_rule_32: f("delta_rule_32")?,
-        delta_rule_64: f("delta_rule_64")?,
-        delta_rule_128: f("delta_rule_128")?,
-        delta_rule_any: f("delta_rule_any")?,
-        delta_chunk_32: f("delta_chunk_32")?,
-        delta_chunk_64: f("delta_chunk_64")?,
-        delta_chunk_128: f("delta_chunk_128")?,
-        delta_chunk_any: f("delta_chunk_any")?,
-        gated_norm: f("gated_norm")?,
-        attn_prep: f("attn_prep")?,
-        attention: f("attention")?,
-        attention_dec: f("attention_dec")?,
-    };
-    // The kernels that take more dynamic shared memory than the default 48 KiB.
-    let large_smem = [
-        k.qmv1,
-        k.qmv4,
-        k.qmv_sel,
-        k.qmv_swiglu,
-        k.moe_down,
-        k.qmv_tc,
-        k.qmv_tcn[0],
-        k.qmv_tcn[1],
-        k.qmv_tcn[2],
-        k.qmv_tc_conv,
-        k.qmv_tcn_conv[0],
-        k.qmv_tcn_conv[1],
-        k.qmv_tcn_conv[2],
-        k.swiglu_tc,
-        k.swiglu_tc_ready,
-        k.down_tc,
-        k.down_tc_ready,
-        k.delta_chunk_32,
-        k.delta_chunk_64,
-        k.delta_chunk_128,
-        k.delta_chunk_any,
-    ];
-    for f in large_smem {
-        // SAFETY: a kernel of the loaded module; the value is the device's own limit.
-        unsafe {
-            sys::cuFuncSetAttribute(
-                f.0,
-                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                max_smem,
-            )
+        let f = |n: &str| -> Result<Kernel> {
+            let cn = CString::new(n).map_err(|e| err("kernel name", e))?;
+            // SAFETY: module is loaded; the name is NUL-terminated.
+            unsafe { result::module::get_function(module, cn) }
+                .map(Kernel)
+                .map_err(|e| err(&format!("finding kernel {n}"), e))
+        };
+        let k = Kernels {
+            qmv1: f("qmv1")?,
+            qmv4: f("qmv4")?,
+            qmv_sel: f("qmv_sel")?,
+            qmv_swiglu: f("qmv_swiglu")?,
+            moe_down: f("moe_down")?,
+            qmv_tc: f("qmv_tc")?,
+            qmv_tcn: [f("qmv_tcn2")?, f("qmv_tcn4")?, f("qmv_tcn8")?],
+            qmv_tc_conv: f("qmv_tc_conv")?,
+            swiglu_tc: f("swiglu_tc")?,
+            swiglu_tc_ready: f("swiglu_tc_ready")?,
+            swiglu_tc5: [f("swiglu_tc5")?, f("swiglu_tc5_ready")?],
+            down_tc: f("down_tc")?,
+            down_tc_ready: f("down_tc_ready")?,
+            qmm: f("qmm")?,
+            swiglu: f("swiglu")?,
+            embed: f("embed")?,
+            add_rms_norm: f("add_rms_norm")?,
+            topk: f("topk")?,
+            topk_given: f("topk_given")?,
+            best_rows: f("best_rows")?,
+            top_blocks: f("top_blocks")?,
+            top_rows: f("top_rows")?,
+            moe_count: f("moe_count")?,
+            gather_mapped: f("gather_mapped")?,
+            gather_ready: f("gather_ready")?,
+            moe_offsets: f("moe_offsets")?,
+            moe_fill: f("moe_fill")?,
+            moe_combine: f("moe_combine")?,
+            conv_silu: f("conv_silu")?,
+            delta_prep: f("delta_prep")?,
+            delta_rule_32: f("delta_rule_32")?,
+            delta_rule_64: f("delta_rule_64")?,
+            delta_rule_128: f("delta_rule_128")?,
+            delta_rule_any: f("delta_rule_any")?,
+            delta_chunk_32: f("delta_chunk_32")?,
+            delta_chunk_64: f("delta_chunk_64")?,
+            delta_chunk_128: f("delta_chunk_128")?,
+            delta_chunk_any: f("delta_chunk_any")?,
+            gated_norm: f("gated_norm")?,
+            attn_prep: f("attn_prep")?,
+            attention: f("attention")?,
+            attention_dec: f("attention_dec")?,
+        };
+        // The kernels that take more dynamic shared memory than the default 48 KiB.
+        let large_smem = [
+            k.qmv1,
+            k.qmv4,
+            k.qmv_sel,
+            k.qmv_swiglu,
+            k.moe_down,
+            k.qmv_tc,
+            k.qmv_tcn[0],
+            k.qmv_tcn[1],
+            k.qmv_tcn[2],
+            k.qmv_tc_conv,
+            k.swiglu_tc,
+            k.swiglu_tc_ready,
+            k.swiglu_tc5[0],
+            k.swiglu_tc5[1],
+            k.down_tc,
+            k.down_tc_ready,
+            k.delta_chunk_32,
+            k.delta_chunk_64,
+            k.delta_chunk_128,
+            k.delta_chunk_any,
+        ];
+        for f in large_smem {
+            // SAFETY: a kernel of the loaded module; the value is the device's own limit.
+            unsafe {
+                sys::cuFuncSetAttribute(
+                    f.0,
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    max_smem,
+                )
+            }
+            .result()
+            .map_err(|e| err("configuring shared memory", e))?;
         }
-        .result()
-        .map_err(|e| err("configuring shared memory", e))?;
-    }
         Ok(k)
     }
 }

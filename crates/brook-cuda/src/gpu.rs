@@ -75,6 +75,8 @@ pub struct Gpu {
     pub conv_fold: bool,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,
+    /// Blocks an SM of the tensor-core gate/up kernel (`BROOK_CUDA_GATEUP_BLOCKS`, 4 or 5).
+    pub gateup_blocks: usize,
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
     /// `BROOK_CUDA_TC=0`; see kernels/tensor.cu).
     tensor_cores: AtomicBool,
@@ -189,6 +191,7 @@ impl Gpu {
             rule_norm: crate::switches::rule_norm(),
             conv_fold: crate::switches::conv_fold(),
             gateup_split: crate::switches::gateup_split(),
+            gateup_blocks: crate::switches::gateup_blocks(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),

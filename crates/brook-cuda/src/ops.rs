@@ -206,22 +206,8 @@ const TCN: usize = 8;
 /// alone: the same kernel family with the same split of each row, the tensor-core kernel
 /// reading each weight tile once for up to eight vectors.
 pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Result<()> {
-    qmv_stacked_fold(g, m, nvec, x, y, None).map(|_| ())
-}
-
-/// [`qmv_stacked_n`], where the tensor-core kernels take the stack also running vector v's
-/// token through its sequence's conv (`conv`, delta.rs `qkv_conv`): `Ok(true)` where they
-/// did, `Ok(false)` where the product ran alone.
-pub fn qmv_stacked_fold(
-    g: &Gpu,
-    m: [Mat; 4],
-    nvec: usize,
-    x: u64,
-    y: u64,
-    conv: Option<&ConvFold>,
-) -> Result<bool> {
     if nvec <= 1 {
-        return stacked(g, m, 1, 1, x, y, conv);
+        return stacked(g, m, 1, 1, x, y, None).map(|_| ());
     }
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
@@ -238,11 +224,7 @@ pub fn qmv_stacked_fold(
         // The smallest kernel that holds the vectors (every vector it has room for is
         // computed, present or not), eight a block beyond; it lays out room for all of them.
         let nv = nvec.next_power_of_two().min(TCN);
-        let at = nv.trailing_zeros() as usize - 1;
-        let kernel = match conv {
-            Some(_) => g.k.qmv_tcn_conv[at],
-            None => g.k.qmv_tcn[at],
-        };
+        let kernel = g.k.qmv_tcn[nv.trailing_zeros() as usize - 1];
         let groups = nvec.div_ceil(nv);
         let n_bytes = tc_smem(cols, nv) + nv * tc_part_bytes(QMV_WARPS);
         if n_bytes <= g.max_smem as usize {
@@ -250,34 +232,33 @@ pub fn qmv_stacked_fold(
                 .div_ceil(QMV_WARPS / split)
                 .clamp(1, (sms / groups).max(1)) as u32;
             a.arg(nvec as i32).arg(split as i32).arg(x).arg(y);
-            if let Some(cv) = conv {
-                a.arg(*cv);
-            }
             let grid = (bx, groups as u32, 1);
-            g.launch(kernel, grid, 256, n_bytes as u32, &mut a)?;
-            return Ok(conv.is_some());
+            return g.launch(kernel, grid, 256, n_bytes as u32, &mut a);
         }
         let bx = tiles
             .div_ceil(QMV_WARPS / split)
             .clamp(1, (2 * sms / nvec).max(1)) as u32;
         a.arg(1i32).arg(split as i32).arg(x).arg(y);
-        let kernel = match conv {
-            Some(cv) => {
-                a.arg(*cv);
-                g.k.qmv_tc_conv
-            }
-            None => g.k.qmv_tc,
-        };
-        let grid = (bx, nvec as u32, 1);
-        g.launch(kernel, grid, 256, tc_bytes as u32, &mut a)?;
-        return Ok(conv.is_some());
+        return g.launch(
+            g.k.qmv_tc,
+            (bx, nvec as u32, 1),
+            256,
+            tc_bytes as u32,
+            &mut a,
+        );
     }
     a.arg(1i32).arg(x).arg(y);
     let smem = smem_for(g, cols)?;
     let (rw, _) = geometry(g, rows, 1);
     let bx = blocks_for(sms, rows, rw as usize, nvec);
-    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)?;
-    Ok(false)
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
+}
+
+/// [`qmv_stacked`] whose tensor-core kernel also runs the decoded token's conv on its rows
+/// (`conv`, delta.rs `qkv_conv`): `Ok(true)` where it did, `Ok(false)` where the stack runs on
+/// the CUDA cores without it.
+pub fn qmv_stacked_conv(g: &Gpu, m: [Mat; 4], x: u64, y: u64, conv: &ConvFold) -> Result<bool> {
+    stacked(g, m, 1, 1, x, y, Some(conv))
 }
 
 /// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert
@@ -328,17 +309,18 @@ pub fn qmv_experts(
         // x shared by every token's vectors, so a block takes more tiles per staged input.
         let tiles = (m1.rows as usize).max(shared[0].rows as usize) / 8;
         let split = tc_split(sms, tiles, nvec, m1.cols as usize, g.gateup_split);
+        let per_sm = g.gateup_blocks;
         let bx = tiles
             .div_ceil(4 / split)
-            .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;
+            .clamp(1, (per_sm * sms / (nvec * tokens).max(1)).max(1)) as u32;
         a.arg(per).arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
         ready_args(&mut a, ready, tokens)?;
         let grid = (bx, ny, 1);
-        let kernel = if ready.is_some() {
-            g.k.swiglu_tc_ready
-        } else {
-            g.k.swiglu_tc
+        let kernel = match (ready.is_some(), per_sm == 5) {
+            (true, false) => g.k.swiglu_tc_ready,
+            (false, false) => g.k.swiglu_tc,
+            (ready, true) => g.k.swiglu_tc5[usize::from(ready)],
         };
         return g.launch(kernel, grid, 128, tc_bytes as u32, &mut a);
     }

@@ -114,6 +114,14 @@ pub fn prefetch_blocks() -> usize {
     count_switch("BROOK_CUDA_PREFETCH_BLOCKS", 1..=1024, 16)
 }
 
+/// `BROOK_CUDA_GATEUP_BLOCKS=5`: the tensor-core gate/up kernel compiled for five blocks an
+/// SM (at most 102 registers a thread) instead of four (128), so a one-token launch's 576
+/// tiles (nine vectors of 64, a block each) fit one wave of an H100's 132 SMs, where four
+/// leave some blocks two tiles (an experiment, off until measured).
+pub fn gateup_blocks() -> usize {
+    count_switch("BROOK_CUDA_GATEUP_BLOCKS", 4..=5, 4)
+}
+
 /// A switch on by default: off where `name` is "0".
 fn on_unless_0(name: &str) -> bool {
     std::env::var(name).map_or(true, |v| v != "0")

@@ -172,25 +172,30 @@ __device__ __forceinline__ float conv_step(float* __restrict__ state, const floa
     return siluf_(acc);
 }
 
-// A decoded token's conv folded into the [qkv; z; b; a] product before it (qmv_tc_conv,
-// qmv_tcnN_conv; delta.rs `qkv_conv`): output row r < cd of vector v is also channel r's new
-// value, and the one lane that computed it runs conv_step on v's state (`state`, or
-// seqs[2v] where seqs is set, as conv_silu's), its result into out[v, r]. No other thread
-// reads that channel's state. Without it (NoFold) the products store their rows only.
+// A decoded token's conv folded into the [qkv; z; b; a] product before it (qmv_tc_conv;
+// delta.rs `qkv_conv`): output row r < cd is also channel r's new value, and the one lane that
+// computed it runs conv_step on the sequence's state, its result into out[r]. No other thread
+// reads that channel's state. `prefetch(r)` asks for what conv_step will read of channel r,
+// into L1 without registers, when the lane starts the row's tile, so the step after the
+// tile's sums finds it there. Without a fold (NoFold) the products store their rows only.
 struct ConvFold {
     float* state;
-    const u64* seqs;
     const float* wt;
     float* out;
     int cd, kk;
-    __device__ __forceinline__ void operator()(int v, int r, float o) const {
+    __device__ __forceinline__ void prefetch(int r) const {
         if (r >= cd) return;
-        float* st = seqs ? (float*)seqs[2 * v] : state;
-        out[(long long)v * cd + r] = conv_step(st, wt, cd, kk, r, o);
+        for (int m = 0; m + 1 < kk; m++)
+            asm volatile("prefetch.global.L1 [%0];" ::"l"(state + (long long)m * cd + r));
+        asm volatile("prefetch.global.L1 [%0];" ::"l"(wt + r * kk));
+    }
+    __device__ __forceinline__ void operator()(int r, float o) const {
+        if (r < cd) out[r] = conv_step(state, wt, cd, kk, r, o);
     }
 };
 struct NoFold {
-    __device__ __forceinline__ void operator()(int, int, float) const {}
+    __device__ __forceinline__ void prefetch(int) const {}
+    __device__ __forceinline__ void operator()(int, float) const {}
 };
 
 __device__ __forceinline__ float softplusf_(float x) {

@@ -152,12 +152,11 @@ __device__ __forceinline__ void tc_tiles_n(int tiles, int split, int nch, int n,
 // qmv_tc_body for NV vectors a block: block y takes vectors NV·y .. (nvec of them in all,
 // x[v] = x + v·K, xdiv 1), each weight tile read once for all of them. Each vector's outputs
 // are bit for bit those of qmv_tc_body with the same split. Dynamic shared memory: ops.rs
-// `tc_smem` for NV vectors and two buffers of NV·nw·16 floats. Each row's value also goes
-// to `fold` (as qmv_tc_body's), with the vector's index among all nvec.
-template <int ST, int G, int NV, typename Fold>
+// `tc_smem` for NV vectors and two buffers of NV·nw·16 floats.
+template <int ST, int G, int NV>
 __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const Mat& m3,
                              int nvec, int split, const float* __restrict__ x,
-                             float* __restrict__ y, uint4* tcs, const Fold& fold) {
+                             float* __restrict__ y, uint4* tcs) {
     int K = m0.cols, nch = K >> 7;
     int v0 = blockIdx.y * NV, n = min(NV, nvec - v0);
     uint4* fr = tcs;
@@ -180,35 +179,22 @@ __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const 
                               float* yv = y0 + (long long)v * rows;
                               yv[tile * 16 + g] = o[0];
                               yv[tile * 16 + g + 8] = o[1];
-                              fold(v0 + v, tile * 16 + g, o[0]);
-                              fold(v0 + v, tile * 16 + g + 8, o[1]);
                           });
 }
 
 #endif
 
 // qmv_tc for up to NV vectors a block (see qmv_tcn_body): qmv_tcn2, qmv_tcn4 and qmv_tcn8,
-// the host taking the smallest that holds a step's vectors (eight a block beyond that); and
-// their forms with a decoded token's conv folded in (qmv_tcn2_conv, ...: ConvFold, vector v
-// sequence v's token).
+// the host taking the smallest that holds a step's vectors (eight a block beyond that).
 #define QMV_TCN(NV)                                                                              \
     extern "C" __global__ void __launch_bounds__(256, 1)                                         \
         qmv_tcn##NV(Mat m0, Mat m1, Mat m2, Mat m3, int nvec, int split,                         \
                     const float* __restrict__ x, float* __restrict__ y) {                        \
         TC_DISPATCH(m0, QMV_TCN_##NV);                                                           \
-    }                                                                                            \
-    extern "C" __global__ void __launch_bounds__(256, 1)                                         \
-        qmv_tcn##NV##_conv(Mat m0, Mat m1, Mat m2, Mat m3, int nvec, int split,                  \
-                           const float* __restrict__ x, float* __restrict__ y, ConvFold cv) {    \
-        TC_DISPATCH(m0, QMV_TCN_CONV_##NV);                                                      \
     }
-#define QMV_TCN_BODY(ST, G, NV, F) qmv_tcn_body<ST, G, NV>(m0, m1, m2, m3, nvec, split, x, y, tcs, F)
-#define QMV_TCN_2(ST, G) QMV_TCN_BODY(ST, G, 2, NoFold())
-#define QMV_TCN_4(ST, G) QMV_TCN_BODY(ST, G, 4, NoFold())
-#define QMV_TCN_8(ST, G) QMV_TCN_BODY(ST, G, 8, NoFold())
-#define QMV_TCN_CONV_2(ST, G) QMV_TCN_BODY(ST, G, 2, cv)
-#define QMV_TCN_CONV_4(ST, G) QMV_TCN_BODY(ST, G, 4, cv)
-#define QMV_TCN_CONV_8(ST, G) QMV_TCN_BODY(ST, G, 8, cv)
+#define QMV_TCN_2(ST, G) qmv_tcn_body<ST, G, 2>(m0, m1, m2, m3, nvec, split, x, y, tcs)
+#define QMV_TCN_4(ST, G) qmv_tcn_body<ST, G, 4>(m0, m1, m2, m3, nvec, split, x, y, tcs)
+#define QMV_TCN_8(ST, G) qmv_tcn_body<ST, G, 8>(m0, m1, m2, m3, nvec, split, x, y, tcs)
 QMV_TCN(2)
 QMV_TCN(4)
 QMV_TCN(8)

@@ -2,8 +2,8 @@
 //! the bits it gets alone, from the kernels up to whole steps through the driver.
 
 use super::*;
-use brook_cuda::delta::{ConvFold, qkv_conv};
 use brook_core::engine::{Forward, Part};
+use brook_cuda::delta::{ConvFold, qkv_conv};
 use common::batch::{CHUNK, assert_same_bits, run};
 
 pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -68,9 +68,9 @@ fn dense_products_of_several_vectors_give_each_its_own_bits() {
 
 /// A decoded token's DeltaNet conv folded into the tensor-core product before it
 /// (`BROOK_CUDA_CONV_FOLD=1`) gives the bits of `conv_silu` launched after it: the product,
-/// the conv's outputs of two tokens and the states after them, for one sequence and for
-/// three (each on its own state through a table), in both tensor-core formats; a format the
-/// tensor cores don't take runs the conv's own launch.
+/// the conv's outputs of two tokens and the states after them, in both tensor-core formats;
+/// three sequences (each on its own state through a table) and a format the tensor cores
+/// don't take run the conv's own launch.
 #[test]
 fn qkv_conv_folded_into_its_product_keeps_the_bits_of_its_launch() {
     let Some(g) = gpu() else { return };
@@ -115,9 +115,9 @@ fn qkv_conv_folded_into_its_product_keeps_the_bits_of_its_launch() {
                 let y = g.upload(&vec![f32::NAN; nseq * total], "y").expect("y");
                 let out = g.upload(&vec![f32::NAN; nseq * cd], "out").expect("out");
                 let one = nseq == 1;
+                let seqs = if one { 0 } else { tabd.ptr };
                 let cv = ConvFold {
                     state: if one { st.ptr } else { 0 },
-                    seqs: if one { 0 } else { tabd.ptr },
                     wt: wt.ptr,
                     out: out.ptr,
                     cd: cd as i32,
@@ -126,9 +126,10 @@ fn qkv_conv_folded_into_its_product_keeps_the_bits_of_its_launch() {
                 let mut outs = Vec::new();
                 for x in &xs {
                     let xd = g.upload(x, "x").expect("x");
-                    let folded =
-                        qkv_conv(&g, m, nseq, xd.ptr, y.ptr, total, &cv, fold).expect("launch");
-                    assert_eq!(folded, fold && tc, "{fmt:?}, {nseq} sequences, fold {fold}");
+                    let folded = qkv_conv(&g, m, nseq, xd.ptr, y.ptr, total, &cv, seqs, fold)
+                        .expect("launch");
+                    let want = fold && tc && one;
+                    assert_eq!(folded, want, "{fmt:?}, {nseq} sequences, fold {fold}");
                     outs.extend(out.read::<f32>().expect("out"));
                 }
                 (y.read().expect("y"), outs, st.read().expect("state"))
