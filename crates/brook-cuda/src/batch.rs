@@ -13,7 +13,7 @@ use brook_core::engine::SeqStep;
 use brook_core::model::Logits;
 use brook_core::{Error, Result};
 
-use crate::delta::{self, ConvFold, DeltaPrep, DeltaRule, GatedNorm};
+use crate::delta::{self, DeltaPrep, DeltaRule, GatedNorm};
 use crate::gpu::{Args, DevBuf, Pinned};
 use crate::model::CudaModel;
 use crate::ops;
@@ -264,18 +264,22 @@ impl CudaModel {
                 let cd = cfg.conv_dim();
                 // Each token's [qkv; z; b; a] row, `stride` floats apart.
                 let stride = (qkv.rows + z.rows + bm.rows + am.rows) as usize;
-                let cv = ConvFold {
-                    state: 0,
-                    wt: conv_w.ptr,
-                    out: s.conv.ptr,
-                    cd: cd as i32,
-                    kk: cfg.linear_conv_kernel_dim as i32,
-                };
-                let stack = [*qkv, *z, *bm, *am];
-                delta::qkv_conv(g, stack, n, normed, s.qkv.ptr, stride, &cv, tab, false)?;
+                ops::qmv_stacked_n(g, [*qkv, *z, *bm, *am], n, normed, s.qkv.ptr)?;
                 let zp = s.qkv.ptr + (cd * 4) as u64;
                 let bp = zp + (z.rows as u64) * 4;
                 let ap = bp + (bm.rows as u64) * 4;
+                let mut a = Args::new();
+                a.arg(s.qkv.ptr)
+                    .arg(0u64)
+                    .arg(conv_w.ptr)
+                    .arg(s.conv.ptr)
+                    .arg(1i32)
+                    .arg(cd as i32)
+                    .arg(cfg.linear_conv_kernel_dim as i32)
+                    .arg(stride as i32)
+                    .arg(tab);
+                let grid = ((cd as u32).div_ceil(128), 1, n as u32);
+                g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
                 let rule = DeltaRule {
                     conv: s.conv.ptr,
                     g: s.g.ptr,

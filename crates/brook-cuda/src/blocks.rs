@@ -5,7 +5,7 @@
 use brook_core::Result;
 use brook_core::config::ModelConfig;
 
-use crate::delta::{self, ConvFold, DeltaPrep, DeltaRule, GatedNorm};
+use crate::delta::{self, DeltaPrep, DeltaRule, GatedNorm};
 use crate::experts::ReadyFlags;
 use crate::gpu::{Args, DevBuf};
 use crate::model::CudaModel;
@@ -41,17 +41,8 @@ impl CudaModel {
         );
         let cd = cfg.conv_dim() as i32;
         let (zp, bp, ap) = if t == 1 {
-            // One launch: [qkv; z; b; a] follow each other in the qkv scratch, and the conv
-            // with them where it folds.
-            let cv = ConvFold {
-                state: conv.ptr,
-                wt: conv_w.ptr,
-                out: s.conv.ptr,
-                cd,
-                kk: cfg.linear_conv_kernel_dim as i32,
-            };
-            let stack = [qkv, z, b, am];
-            delta::qkv_conv(g, stack, 1, s.normed.ptr, s.qkv.ptr, 0, &cv, 0, g.conv_fold)?;
+            // One launch: [qkv; z; b; a] follow each other in the qkv scratch.
+            ops::qmv_stacked(g, [qkv, z, b, am], s.normed.ptr, s.qkv.ptr)?;
             let zp = s.qkv.ptr + cd as u64 * 4;
             let bp = zp + z.rows as u64 * 4;
             (zp, bp, bp + nv as u64 * 4)
@@ -60,20 +51,25 @@ impl CudaModel {
             self.linear(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
             self.linear(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
             self.linear(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
-            let mut a = Args::new();
-            a.arg(s.qkv.ptr)
-                .arg(conv.ptr)
-                .arg(conv_w.ptr)
-                .arg(s.conv.ptr)
-                .arg(t as i32)
-                .arg(cd)
-                .arg(cfg.linear_conv_kernel_dim as i32)
-                .arg(cd)
-                .arg(0u64);
-            let grid = ((cd as u32).div_ceil(128), 1, 1);
-            g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
             (s.z.ptr, s.b.ptr, s.a.ptr)
         };
+        let mut a = Args::new();
+        a.arg(s.qkv.ptr)
+            .arg(conv.ptr)
+            .arg(conv_w.ptr)
+            .arg(s.conv.ptr)
+            .arg(t as i32)
+            .arg(cd)
+            .arg(cfg.linear_conv_kernel_dim as i32)
+            .arg(cd)
+            .arg(0u64);
+        g.launch(
+            g.k.conv_silu,
+            ((cd as u32).div_ceil(128), 1, 1),
+            128,
+            0,
+            &mut a,
+        )?;
         let rule = DeltaRule {
             conv: s.conv.ptr,
             g: s.g.ptr,

@@ -4,15 +4,12 @@
 //! `delta_rule_recurrent` and `delta_rule_chunked` and read the buffers blocks.rs fills. The
 //! q/k head norms and gates (`delta_prep`) and the gated norm (`gated_norm`) run as launches
 //! before and after the rule, or inside a token-by-token rule's own launch
-//! (`switches::rule_prep`, `switches::rule_norm`); a decoded token's conv after the product
-//! that feeds it, or inside that product's launch (`switches::conv_fold`).
+//! (`switches::rule_prep`, `switches::rule_norm`).
 
 use brook_core::model::delta_net::DeltaMode;
 use brook_core::{Error, Result};
 
 use crate::gpu::{Args, Gpu};
-use crate::ops;
-use crate::weights::Mat;
 
 /// Tokens per chunk of `delta_chunk_*` (kernels/delta.cu `DC_C`).
 const CHUNK_TOKENS: usize = 64;
@@ -96,60 +93,6 @@ pub struct DeltaPrep {
 }
 
 impl crate::args::KernelArg for DeltaPrep {}
-
-/// One decoded token's causal conv with SiLU folded into a product (kernels/common.cu
-/// `ConvFold`): device pointers to the sequence's conv state ([K − 1, cd], advanced in
-/// place), the checkpoint's weights ([cd, K]) and the output ([cd]).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default)]
-pub struct ConvFold {
-    pub state: u64,
-    pub wt: u64,
-    pub out: u64,
-    pub cd: i32,
-    pub kk: i32,
-}
-
-impl crate::args::KernelArg for ConvFold {}
-
-/// y[v] = [qkv; z; b; a]·x[v] for `nvec` decoded tokens, then each token's first `cd` values
-/// through its sequence's conv into `out` ([`ConvFold`]'s, for one sequence; with `seqs`, a
-/// table of two pointers a sequence whose first is its state, as [`DeltaRule::seqs`]). With
-/// `fold` (`Gpu::conv_fold`) the tensor-core kernel of one sequence's product runs the conv
-/// on the values it computes, one launch fewer a DeltaNet layer; otherwise, for several
-/// sequences, or where the stack does not fit the tensor cores, `conv_silu` follows the
-/// product (`stride`: floats from one token's y to the next). The same bits either way;
-/// `Ok(true)` where folded.
-#[allow(clippy::too_many_arguments)]
-pub fn qkv_conv(
-    g: &Gpu,
-    m: [Mat; 4],
-    nvec: usize,
-    x: u64,
-    y: u64,
-    stride: usize,
-    cv: &ConvFold,
-    seqs: u64,
-    fold: bool,
-) -> Result<bool> {
-    if fold && nvec == 1 && seqs == 0 && ops::qmv_stacked_conv(g, m, x, y, cv)? {
-        return Ok(true);
-    }
-    ops::qmv_stacked_n(g, m, nvec, x, y)?;
-    let mut a = Args::new();
-    a.arg(y)
-        .arg(cv.state)
-        .arg(cv.wt)
-        .arg(cv.out)
-        .arg(1i32)
-        .arg(cv.cd)
-        .arg(cv.kk)
-        .arg(stride as i32)
-        .arg(seqs);
-    let grid = ((cv.cd as u32).div_ceil(128), 1, nvec as u32);
-    g.launch(g.k.conv_silu, grid, 128, 0, &mut a)?;
-    Ok(false)
-}
 
 /// `delta_prep` over `p`'s tokens (or its sequences' one token each): the conv output's q
 /// and k heads normalised in place, β and g written.

@@ -70,13 +70,8 @@ pub struct Gpu {
     /// The delta rule norms and gates a decoded token's outputs in its own launch
     /// (unless `BROOK_CUDA_RULE_NORM=0`).
     pub rule_norm: bool,
-    /// The product before a decoded token's DeltaNet conv runs it (`BROOK_CUDA_CONV_FOLD=1`;
-    /// see delta.rs `qkv_conv`).
-    pub conv_fold: bool,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,
-    /// Blocks an SM of the tensor-core gate/up kernel (`BROOK_CUDA_GATEUP_BLOCKS`, 4 or 5).
-    pub gateup_blocks: usize,
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
     /// `BROOK_CUDA_TC=0`; see kernels/tensor.cu).
     tensor_cores: AtomicBool,
@@ -189,9 +184,7 @@ impl Gpu {
             pdl: cc.0 >= 9 && crate::switches::pdl(),
             rule_prep: crate::switches::rule_prep(),
             rule_norm: crate::switches::rule_norm(),
-            conv_fold: crate::switches::conv_fold(),
             gateup_split: crate::switches::gateup_split(),
-            gateup_blocks: crate::switches::gateup_blocks(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),

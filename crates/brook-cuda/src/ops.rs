@@ -2,7 +2,6 @@
 
 use brook_core::{Error, Result};
 
-use crate::delta::ConvFold;
 use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
@@ -143,21 +142,12 @@ pub fn qmv(
             None,
         );
     }
-    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y, None).map(|_| ())
+    stacked(g, [m1, m2, Mat::NONE, Mat::NONE], xdiv, nvec, x, y)
 }
 
 /// y[v] = [m0; m1; m2; m3]·x[v / xdiv] for `nvec` vectors: on the tensor cores where every
-/// matrix fits them, else on the CUDA cores. With `conv`, the tensor cores' kernel also runs
-/// a decoded token's conv on its rows (`Ok(true)`); the CUDA cores' does not (`Ok(false)`).
-fn stacked(
-    g: &Gpu,
-    m: [Mat; 4],
-    xdiv: i32,
-    nvec: usize,
-    x: u64,
-    y: u64,
-    conv: Option<&ConvFold>,
-) -> Result<bool> {
+/// matrix fits them, else on the CUDA cores.
+fn stacked(g: &Gpu, m: [Mat; 4], xdiv: i32, nvec: usize, x: u64, y: u64) -> Result<()> {
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
     let mut a = Args::new();
@@ -175,27 +165,18 @@ fn stacked(
             .clamp(1, (2 * sms / nvec.max(1)).max(1)) as u32;
         a.arg(split as i32).arg(x).arg(y);
         let grid = (bx, nvec as u32, 1);
-        let kernel = match conv {
-            Some(cv) => {
-                a.arg(*cv);
-                g.k.qmv_tc_conv
-            }
-            None => g.k.qmv_tc,
-        };
-        g.launch(kernel, grid, 256, tc_bytes as u32, &mut a)?;
-        return Ok(conv.is_some());
+        return g.launch(g.k.qmv_tc, grid, 256, tc_bytes as u32, &mut a);
     }
     a.arg(x).arg(y);
     let smem = smem_for(g, cols)?;
     let (rw, bx) = geometry(g, rows, nvec);
-    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)?;
-    Ok(false)
+    g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
 }
 
 /// y = [m0; m1; m2; m3]·x for one vector: up to four matrices that read the same input in
 /// one launch (their outputs follow each other in y).
 pub fn qmv_stacked(g: &Gpu, m: [Mat; 4], x: u64, y: u64) -> Result<()> {
-    stacked(g, m, 1, 1, x, y, None).map(|_| ())
+    stacked(g, m, 1, 1, x, y)
 }
 
 /// The most vectors a block of `qmv_tcn` takes (kernels/tensor_n.cu: qmv_tcn2, 4 and 8).
@@ -207,7 +188,7 @@ const TCN: usize = 8;
 /// reading each weight tile once for up to eight vectors.
 pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Result<()> {
     if nvec <= 1 {
-        return stacked(g, m, 1, 1, x, y, None).map(|_| ());
+        return stacked(g, m, 1, 1, x, y);
     }
     let rows = m.iter().map(|m| m.rows as usize).sum::<usize>();
     let cols = m[0].cols as usize;
@@ -252,13 +233,6 @@ pub fn qmv_stacked_n(g: &Gpu, m: [Mat; 4], nvec: usize, x: u64, y: u64) -> Resul
     let (rw, _) = geometry(g, rows, 1);
     let bx = blocks_for(sms, rows, rw as usize, nvec);
     g.launch(qmv_kernel(g, rw), (bx, nvec as u32, 1), 256, smem, &mut a)
-}
-
-/// [`qmv_stacked`] whose tensor-core kernel also runs the decoded token's conv on its rows
-/// (`conv`, delta.rs `qkv_conv`): `Ok(true)` where it did, `Ok(false)` where the stack runs on
-/// the CUDA cores without it.
-pub fn qmv_stacked_conv(g: &Gpu, m: [Mat; 4], x: u64, y: u64, conv: &ConvFold) -> Result<bool> {
-    stacked(g, m, 1, 1, x, y, Some(conv))
 }
 
 /// Routed experts and, in the same launch, the shared expert: vector v < nsel is expert
@@ -309,18 +283,17 @@ pub fn qmv_experts(
         // x shared by every token's vectors, so a block takes more tiles per staged input.
         let tiles = (m1.rows as usize).max(shared[0].rows as usize) / 8;
         let split = tc_split(sms, tiles, nvec, m1.cols as usize, g.gateup_split);
-        let per_sm = g.gateup_blocks;
         let bx = tiles
             .div_ceil(4 / split)
-            .clamp(1, (per_sm * sms / (nvec * tokens).max(1)).max(1)) as u32;
+            .clamp(1, (4 * sms / (nvec * tokens).max(1)).max(1)) as u32;
         a.arg(per).arg(shared[0]).arg(shared[1]).arg(split as i32);
         a.arg(x).arg(y).arg(ys);
         ready_args(&mut a, ready, tokens)?;
         let grid = (bx, ny, 1);
-        let kernel = match (ready.is_some(), per_sm == 5) {
-            (true, false) => g.k.swiglu_tc_ready,
-            (false, false) => g.k.swiglu_tc,
-            (ready, true) => g.k.swiglu_tc5[usize::from(ready)],
+        let kernel = if ready.is_some() {
+            g.k.swiglu_tc_ready
+        } else {
+            g.k.swiglu_tc
         };
         return g.launch(kernel, grid, 128, tc_bytes as u32, &mut a);
     }

@@ -42,14 +42,6 @@ pub fn rule_norm() -> bool {
     on_unless_0("BROOK_CUDA_RULE_NORM")
 }
 
-/// `BROOK_CUDA_CONV_FOLD=1`: the tensor-core product of a decoded token's [qkv; z; b; a]
-/// runs the DeltaNet conv on the values it computes, instead of a `conv_silu` launch after
-/// it (the same bits, one launch fewer a DeltaNet layer; off until measured on a GPU;
-/// `qkv_conv_folded_into_its_product_keeps_the_bits_of_its_launch` is its test).
-pub fn conv_fold() -> bool {
-    on_if_1("BROOK_CUDA_CONV_FOLD")
-}
-
 /// `BROOK_CUDA_GATEUP_SPLIT=N` (1 to 4): the most warps a gate/up tile of the tensor-core
 /// SwiGLU kernel is split over, each taking a slice of the row (`ops::qmv_experts`); 4 by
 /// default. The split sets the order of each row's sums, so every launch of a process
@@ -112,14 +104,6 @@ pub fn prefetch_cap(k: usize) -> usize {
 /// beside it needs the SMs).
 pub fn prefetch_blocks() -> usize {
     count_switch("BROOK_CUDA_PREFETCH_BLOCKS", 1..=1024, 16)
-}
-
-/// `BROOK_CUDA_GATEUP_BLOCKS=5`: the tensor-core gate/up kernel compiled for five blocks an
-/// SM (at most 102 registers a thread) instead of four (128), so a one-token launch's 576
-/// tiles (nine vectors of 64, a block each) fit one wave of an H100's 132 SMs, where four
-/// leave some blocks two tiles (an experiment, off until measured).
-pub fn gateup_blocks() -> usize {
-    count_switch("BROOK_CUDA_GATEUP_BLOCKS", 4..=5, 4)
 }
 
 /// A switch on by default: off where `name` is "0".

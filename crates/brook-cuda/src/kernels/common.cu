@@ -157,47 +157,6 @@ __device__ __forceinline__ float ldsb(u64 p, int type, long long i) {
 
 __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
 __device__ __forceinline__ float siluf_(float x) { return x * sigmoidf_(x); }
-
-// Channel c of one decoded token's causal depthwise conv with SiLU (conv_silu at T = 1): the
-// state's K − 1 rows (cd floats apart), then the token's value xn, each times wt's row c,
-// summed in that order; the state's rows then move up one and its last takes xn.
-__device__ __forceinline__ float conv_step(float* __restrict__ state, const float* __restrict__ wt,
-                                           int cd, int kk, int c, float xn) {
-    int s = kk - 1;
-    float acc = 0.0f;
-    for (int m = 0; m < s; m++) acc = fmaf(wt[c * kk + m], state[(long long)m * cd + c], acc);
-    acc = fmaf(wt[c * kk + s], xn, acc);
-    for (int r = 0; r + 1 < s; r++) state[(long long)r * cd + c] = state[(long long)(r + 1) * cd + c];
-    if (s > 0) state[(long long)(s - 1) * cd + c] = xn;
-    return siluf_(acc);
-}
-
-// A decoded token's conv folded into the [qkv; z; b; a] product before it (qmv_tc_conv;
-// delta.rs `qkv_conv`): output row r < cd is also channel r's new value, and the one lane that
-// computed it runs conv_step on the sequence's state, its result into out[r]. No other thread
-// reads that channel's state. `prefetch(r)` asks for what conv_step will read of channel r,
-// into L1 without registers, when the lane starts the row's tile, so the step after the
-// tile's sums finds it there. Without a fold (NoFold) the products store their rows only.
-struct ConvFold {
-    float* state;
-    const float* wt;
-    float* out;
-    int cd, kk;
-    __device__ __forceinline__ void prefetch(int r) const {
-        if (r >= cd) return;
-        for (int m = 0; m + 1 < kk; m++)
-            asm volatile("prefetch.global.L1 [%0];" ::"l"(state + (long long)m * cd + r));
-        asm volatile("prefetch.global.L1 [%0];" ::"l"(wt + r * kk));
-    }
-    __device__ __forceinline__ void operator()(int r, float o) const {
-        if (r < cd) out[r] = conv_step(state, wt, cd, kk, r, o);
-    }
-};
-struct NoFold {
-    __device__ __forceinline__ void prefetch(int) const {}
-    __device__ __forceinline__ void operator()(int, float) const {}
-};
-
 __device__ __forceinline__ float softplusf_(float x) {
     return x > 20.0f ? x : fmaxf(x, 0.0f) + log1pf(expf(-fabsf(x)));
 }

@@ -184,10 +184,8 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
 
 // The expert kernels, and their forms beside gather_ready (`_ready`: R), which take the same
 // arguments: one definition each, R a constant of the kernel.
-// swiglu_tc5 and swiglu_tc5_ready: the same with five blocks an SM (fewer registers), so a
-// one-token launch's tiles (nine vectors of 64) fit one wave (`switches::gateup_blocks`).
-#define SWIGLU_TC_KERNEL(NAME, READY, BLOCKS)                                                   \
-    extern "C" __global__ void __launch_bounds__(128, BLOCKS)                                   \
+#define SWIGLU_TC_KERNEL(NAME, READY)                                                           \
+    extern "C" __global__ void __launch_bounds__(128, 4)                                        \
         NAME(Mat gm, Mat um, const u64* __restrict__ tab, const int* __restrict__ sel, int nsel, \
              int per, Mat sg, Mat su, int split, const float* __restrict__ x,                   \
              float* __restrict__ y, float* __restrict__ ys, const u32* __restrict__ ready,      \
@@ -197,10 +195,8 @@ __device__ void down_tc_body(const Mat& down, const u64* __restrict__ tab,
     }
 #define SWIGLU_TC(ST, G) \
     swiglu_tc_body<ST, G, R>(gm, um, tab, sel, nsel, per, sg, su, split, x, y, ys, ready, need, tcs)
-SWIGLU_TC_KERNEL(swiglu_tc, false, 4)
-SWIGLU_TC_KERNEL(swiglu_tc_ready, true, 4)
-SWIGLU_TC_KERNEL(swiglu_tc5, false, 5)
-SWIGLU_TC_KERNEL(swiglu_tc5_ready, true, 5)
+SWIGLU_TC_KERNEL(swiglu_tc, false)
+SWIGLU_TC_KERNEL(swiglu_tc_ready, true)
 
 #define DOWN_TC_KERNEL(NAME, READY)                                                             \
     extern "C" __global__ void __launch_bounds__(384)                                           \

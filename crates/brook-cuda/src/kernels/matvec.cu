@@ -242,26 +242,30 @@ __device__ __forceinline__ bool whole(const Mat& m0, const Mat& m1, const Mat& m
 // staged in xs by this call: each warp takes R rows at a time (4 for large matrices, where
 // reading the activations once for four rows pays; 1 for small ones, to spread them over
 // more warps), the block's warps and the grid's blocks striding over the rows. The first
-// rows' weights are requested before PDL_SYNC: they depend on no earlier kernel.
+// rows' weights are requested before PDL_SYNC: they depend on no earlier kernel. A one-row
+// step loads four units a lane in a round (NU two for four rows), so a row of up to 128
+// units (2048 codes at 8 bits: a router) needs no second round after the wait; the units
+// are summed in the same order either way.
 template <int R>
 __device__ void stacked(const Mat& m0, const Mat& m1, const Mat& m2, const Mat& m3, u64 base,
                         int rows, const float* __restrict__ x, float* xs, float* __restrict__ y,
                         int xblock, int xblocks) {
+    constexpr int N = R == 1 ? 4 : NU;
     int nw = blockDim.x >> 5;
     int stride = xblocks * nw * R;
     int r0 = (xblock * nw + (threadIdx.x >> 5)) * R;
     bool lead = (threadIdx.x & 31) == 0;
-    Round<R> f;
+    Round<R, N> f;
     Mat m;
     int l = 0;
     bool ok = whole<R>(m0, m1, m2, m3, base, r0, rows, m, l);
-    if (ok) issue<R>(m, base, l, 0, f);
+    if (ok) issue<R, N>(m, base, l, 0, f);
     PDL_SYNC();
     stage(x, xs, m0.cols);
     while (r0 < rows) {
         if (ok) {
             float d[R];
-            rows_fast<R>(m, base, l, f, xs, d);
+            rows_fast<R, N>(m, base, l, f, xs, d);
             if (lead)
 #pragma unroll
                 for (int r = 0; r < R; r++) y[r0 + r] = d[r];
@@ -275,7 +279,7 @@ __device__ void stacked(const Mat& m0, const Mat& m1, const Mat& m2, const Mat& 
         }
         r0 += stride;
         ok = whole<R>(m0, m1, m2, m3, base, r0, rows, m, l);
-        if (ok) issue<R>(m, base, l, 0, f);
+        if (ok) issue<R, N>(m, base, l, 0, f);
     }
 }
 

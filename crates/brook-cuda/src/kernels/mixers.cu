@@ -22,12 +22,11 @@ extern "C" __global__ void conv_silu(const float* __restrict__ qkv, float* __res
     }
     int s = KK - 1;
     for (int t = 0; t < T; t++) {
-        // One token: conv_step, whose bits the products' fold (ConvFold) gives.
         float acc = 0.0f;
         for (int m = 0; m < KK; m++) {
             int i = t + m;
             float v = i < s ? state[(long long)i * cd + c] : qkv[(long long)(i - s) * xs + c];
-            acc = fmaf(wt[c * KK + m], v, acc);
+            acc += wt[c * KK + m] * v;
         }
         out[(long long)t * cd + c] = siluf_(acc);
     }

@@ -297,13 +297,11 @@ __device__ __forceinline__ bool tc_next(int tile, int tiles, int cb, TcLoads<ST,
 // suffices) and slice 0 adds them in order. rows_of(tile, row) names a tile's rows;
 // out(tile, o) takes its totals (lanes with t = 0). `issued`: the warp's first tile's first
 // chunks are already in f (each next tile's are issued by tc_next). Every warp of the block
-// runs the same number of steps. `fold`: its prefetch of a tile's rows, on the lanes that
-// will call out for it, as they start it.
-template <int ST, int G, typename RowsOf, typename Out, typename Fold = NoFold>
+// runs the same number of steps.
+template <int ST, int G, typename RowsOf, typename Out>
 __device__ __forceinline__ void tc_tiles(int tiles, int split, int nch, const uint4* fr,
                                          const float* sx, float* part, TcLoads<ST, G>& f,
-                                         bool issued, RowsOf rows_of, Out out,
-                                         const Fold& fold = Fold()) {
+                                         bool issued, RowsOf rows_of, Out out) {
     int nw = blockDim.x >> 5, warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2;
     int per = nw / split, tl = warp / split, slice = warp % split;
     int cs = nch / split, cb = slice * cs;
@@ -315,10 +313,6 @@ __device__ __forceinline__ void tc_tiles(int tiles, int split, int nch, const ui
         if (tile < tiles) {
             rows_of(tile, row);
             if (!issued) tc_issue<ST, G>(row, cb, f);
-            if (slice == 0 && (lane & 3) == 0) {
-                fold.prefetch(tile * 16 + g);
-                fold.prefetch(tile * 16 + g + 8);
-            }
             tc_rows<ST, G>(row, cb, cb + cs, f, fr, sx, o);
         }
         issued = tc_next<ST, G>(tile + gridDim.x * per, tiles, cb, f, rows_of);
@@ -355,12 +349,11 @@ __device__ __forceinline__ bool tc_first(int tiles, int split, int nch, TcLoads<
 
 // y[v, r] = W[r]·x[v / xdiv] over the rows of m0..m3 stacked, on the tensor cores, in tiles
 // of 16 rows (tc_tiles). ST: the scales' type, bf16 (1) or f16 (2); G: the group size;
-// every matrix's the same. Dynamic shared memory: ops.rs `tc_smem`. Each row's value also
-// goes to `fold` (ConvFold, one vector; or NoFold: nothing).
-template <int ST, int G, typename Fold>
+// every matrix's the same. Dynamic shared memory: ops.rs `tc_smem`.
+template <int ST, int G>
 __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const Mat& m3,
                             int xdiv, int split, const float* __restrict__ x,
-                            float* __restrict__ y, uint4* tcs, const Fold& fold) {
+                            float* __restrict__ y, uint4* tcs) {
     int K = m0.cols, nch = K >> 7;
     uint4* fr = tcs;
     float* sx = (float*)(tcs + nch * TC_CHUNK_U4);
@@ -377,15 +370,11 @@ __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const M
     tc_stage(x + (long long)(v / xdiv) * K, 0, 1, K, fr, sx);
     __syncthreads();
     float* yv = y + (long long)v * rows;
-    tc_tiles<ST, G>(
-        tiles, split, nch, fr, sx, part, f, issued, rows_of,
-        [&](int tile, const float (&o)[2]) {
-            yv[tile * 16 + g] = o[0];
-            yv[tile * 16 + g + 8] = o[1];
-            fold(tile * 16 + g, o[0]);
-            fold(tile * 16 + g + 8, o[1]);
-        },
-        fold);
+    tc_tiles<ST, G>(tiles, split, nch, fr, sx, part, f, issued, rows_of,
+                    [&](int tile, const float (&o)[2]) {
+                        yv[tile * 16 + g] = o[0];
+                        yv[tile * 16 + g + 8] = o[1];
+                    });
 }
 
 #endif
@@ -413,14 +402,6 @@ __device__ void qmv_tc_body(const Mat& m0, const Mat& m1, const Mat& m2, const M
 extern "C" __global__ void __launch_bounds__(256, 2)
     qmv_tc(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, int split, const float* __restrict__ x,
            float* __restrict__ y) {
-#define QMV_TC(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs, NoFold())
+#define QMV_TC(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs)
     TC_DISPATCH(m0, QMV_TC);
-}
-
-// qmv_tc for one vector with a decoded token's conv folded in (ConvFold).
-extern "C" __global__ void __launch_bounds__(256, 2)
-    qmv_tc_conv(Mat m0, Mat m1, Mat m2, Mat m3, int xdiv, int split,
-                const float* __restrict__ x, float* __restrict__ y, ConvFold cv) {
-#define QMV_TC_CONV(ST, G) qmv_tc_body<ST, G>(m0, m1, m2, m3, xdiv, split, x, y, tcs, cv)
-    TC_DISPATCH(m0, QMV_TC_CONV);
 }

@@ -3,7 +3,6 @@
 
 use super::*;
 use brook_core::engine::{Forward, Part};
-use brook_cuda::delta::{ConvFold, qkv_conv};
 use common::batch::{CHUNK, assert_same_bits, run};
 
 pub(crate) fn same_bits(a: &[f32], b: &[f32]) -> bool {
@@ -64,85 +63,6 @@ fn dense_products_of_several_vectors_give_each_its_own_bits() {
         }
     }
     g.use_tensor_cores(true);
-}
-
-/// A decoded token's DeltaNet conv folded into the tensor-core product before it
-/// (`BROOK_CUDA_CONV_FOLD=1`) gives the bits of `conv_silu` launched after it: the product,
-/// the conv's outputs of two tokens and the states after them, in both tensor-core formats;
-/// three sequences (each on its own state through a table) and a format the tensor cores
-/// don't take run the conv's own launch.
-#[test]
-fn qkv_conv_folded_into_its_product_keeps_the_bits_of_its_launch() {
-    let Some(g) = gpu() else { return };
-    let mut rng = Rng::new(31);
-    let formats = [
-        (4, 64, DType::BF16),
-        (4, 128, DType::F16),
-        (4, 32, DType::BF16),
-    ];
-    let (cols, kk) = (1024usize, 4usize);
-    // [qkv; z; b; a] as a DeltaNet layer's: the conv takes the first matrix's rows.
-    let rows = [48usize, 16, 16, 16];
-    let (cd, total) = (rows[0], rows.iter().sum::<usize>());
-    for (n, (bits, group, float)) in formats.into_iter().enumerate() {
-        let fmt = Format::Affine { bits, group, float };
-        let lins: Vec<_> = rows
-            .iter()
-            .map(|&r| random_linear(&mut rng, r, cols, fmt))
-            .collect();
-        let up: Vec<_> = lins
-            .iter()
-            .map(|l| upload_linear(&g, &l.view(), "m").expect("upload"))
-            .collect();
-        let mut m = [Mat::NONE; 4];
-        for (d, (u, _)) in m.iter_mut().zip(&up) {
-            *d = *u;
-        }
-        let tc = n < 2;
-        assert_eq!(tc, m.iter().all(|m| ops::tc_fits(m, 16)), "{fmt:?}");
-        let wt = g.upload(&rng.vec(cd * kk, 0.5), "conv weight").expect("wt");
-        for nseq in [1usize, 3] {
-            let xs: Vec<Vec<f32>> = (0..2).map(|_| rng.vec(nseq * cols, 1.0)).collect();
-            let s0 = rng.vec(nseq * (kk - 1) * cd, 1.0);
-            let run = |fold: bool| -> (Vec<f32>, Vec<f32>, Vec<f32>) {
-                let st = g.upload(&s0, "state").expect("state");
-                // Sequence z's state is the z-th of s0's blocks, first of its table pair.
-                let per = ((kk - 1) * cd * 4) as u64;
-                let tab: Vec<u64> = (0..nseq as u64)
-                    .flat_map(|z| [st.ptr + z * per, 0])
-                    .collect();
-                let tabd = g.upload(&tab, "seqs").expect("seqs");
-                let y = g.upload(&vec![f32::NAN; nseq * total], "y").expect("y");
-                let out = g.upload(&vec![f32::NAN; nseq * cd], "out").expect("out");
-                let one = nseq == 1;
-                let seqs = if one { 0 } else { tabd.ptr };
-                let cv = ConvFold {
-                    state: if one { st.ptr } else { 0 },
-                    wt: wt.ptr,
-                    out: out.ptr,
-                    cd: cd as i32,
-                    kk: kk as i32,
-                };
-                let mut outs = Vec::new();
-                for x in &xs {
-                    let xd = g.upload(x, "x").expect("x");
-                    let folded = qkv_conv(&g, m, nseq, xd.ptr, y.ptr, total, &cv, seqs, fold)
-                        .expect("launch");
-                    let want = fold && tc && one;
-                    assert_eq!(folded, want, "{fmt:?}, {nseq} sequences, fold {fold}");
-                    outs.extend(out.read::<f32>().expect("out"));
-                }
-                (y.read().expect("y"), outs, st.read().expect("state"))
-            };
-            let want = run(false);
-            assert!(want.1.iter().all(|v| v.is_finite()), "the conv's outputs");
-            let got = run(true);
-            let what = format!("{fmt:?}, {nseq} sequences");
-            assert!(same_bits(&got.0, &want.0), "{what}: products");
-            assert!(same_bits(&got.1, &want.1), "{what}: conv outputs");
-            assert!(same_bits(&got.2, &want.2), "{what}: states");
-        }
-    }
 }
 
 #[test]
