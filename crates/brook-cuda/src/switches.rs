@@ -93,7 +93,8 @@ pub fn host_huge() -> bool {
 
 /// `BROOK_CUDA_PREFETCH_CAP=N` (1 to top-k): the most mapped guesses a prefetch copies,
 /// the likeliest first; 2 by default (the link carries about as much during a layer's
-/// mixer, norm, router and top-k, and each wrong guess costs a copy).
+/// mixer, norm, router and top-k, and each wrong guess costs a copy: four were 4 % slower on
+/// the 35B at 8 GiB and the 80B at 22 GiB, docs/bench/2026-12-07.md).
 pub fn prefetch_cap(k: usize) -> usize {
     let k = k.max(1);
     count_switch("BROOK_CUDA_PREFETCH_CAP", 1..=k, 2.min(k))
