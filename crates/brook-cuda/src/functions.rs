@@ -123,7 +123,7 @@ impl Kernels {
             attention: f("attention")?,
             attention_dec: f("attention_dec")?,
         };
-        // The kernels that take more dynamic shared memory than the default 48 KiB.
+        // The kernels that may take more dynamic shared memory than the default 48 KiB.
         let large_smem = [
             k.qmv1,
             k.qmv4,
