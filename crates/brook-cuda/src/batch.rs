@@ -3,9 +3,10 @@
 //!
 //! Each sequence keeps the bits it gets alone: the dense products run the one-token kernels
 //! with the one-token split of every row (the tensor-core kernel takes up to eight vectors a
-//! block and runs each through the same operations, ops.rs `qmv_stacked_n`); the routed
-//! experts, the norms, top-k and the mixers run per token as in a one-token step, the mixers
-//! on each sequence's own state through a table of state pointers (kernels/mixers.cu). The
+//! block and runs each through the same operations, ops.rs `qmv_stacked_n`); the experts
+//! decode each weight tile once for two tokens where both use it (grouped.rs); the norms,
+//! top-k and the mixers run per token as in a one-token step, the mixers on each sequence's
+//! own state through a table of state pointers (kernels/mixers.cu). The
 //! step, with the copies of its tokens, positions and table, replays as one CUDA graph per
 //! number of sequences.
 
@@ -15,6 +16,7 @@ use brook_core::{Error, Result};
 
 use crate::delta::{self, DeltaPrep, DeltaRule, GatedNorm};
 use crate::gpu::{Args, DevBuf, Pinned};
+use crate::grouped;
 use crate::model::CudaModel;
 use crate::ops;
 use crate::scratch::ATT_SPLITS;
@@ -413,6 +415,34 @@ impl CudaModel {
             .table_for(layer, s.sel.ptr, n * k, false, None)?;
         let m = self.experts.mats[layer].clone();
         let sg = s.rlog.ptr + (e * 4) as u64;
+        let (mats, shared) = (
+            [m.gate, m.up, m.down],
+            [l.shared_gate, l.shared_up, l.shared_down],
+        );
+        if self.grouped && grouped::fits(g, mats, shared, k, n) {
+            let w = grouped::GroupScratch {
+                groups: s.groups.ptr,
+                ey: s.ey.ptr,
+                so: s.sout.ptr,
+            };
+            return grouped::moe(
+                g,
+                mats,
+                shared,
+                tab,
+                s.sel.ptr,
+                s.wts.ptr,
+                k,
+                n,
+                sg,
+                e + 1,
+                s.normed.ptr,
+                s.h.ptr,
+                s.sh.ptr,
+                s.delta.ptr,
+                w,
+            );
+        }
         if !ops::moe_down_fits(&m.down, &l.shared_down, k) {
             let shared = [l.shared_gate, l.shared_up, Mat::NONE, Mat::NONE];
             ops::qmv_stacked_n(g, shared, n, s.normed.ptr, s.sgu.ptr)?;

@@ -20,6 +20,7 @@ pub mod experts;
 mod functions;
 mod given;
 pub mod gpu;
+pub mod grouped;
 pub mod model;
 pub mod nvrtc;
 pub mod ops;

@@ -105,6 +105,8 @@ pub struct CudaModel {
     pub(crate) host_logits: crate::buffers::HostLogits,
     /// A replayed routing's experts for the step being run (made on first use).
     pub(crate) given: Option<crate::given::GivenIds>,
+    /// Group a step's experts (`grouped.rs`) where its kernels fit; `switches::grouped`.
+    pub grouped: bool,
     /// Buffers of the steps of several sequences (`max_seqs` > 1).
     pub(crate) batch: Option<crate::batch::BatchBufs>,
     /// Prefetch the likeliest guessed mapped experts beside the mixer (blocks.rs
@@ -238,6 +240,7 @@ impl CudaModel {
             spare: Vec::new(),
             host_logits: Default::default(),
             given: None,
+            grouped: crate::switches::grouped(),
             batch: None,
             prefetch: crate::switches::prefetch(),
             prefetched: false,

@@ -56,14 +56,14 @@ const TC_CHUNK_BYTES: usize = 33 * 16;
 
 /// Shared memory of the tensor-core kernels for `nvec` vectors of `cols` activations: the B
 /// fragments ([`TC_CHUNK_BYTES`] a chunk of 128 columns) and the sums per 64 columns.
-fn tc_smem(cols: usize, nvec: usize) -> usize {
+pub(crate) fn tc_smem(cols: usize, nvec: usize) -> usize {
     nvec * (cols / 128 * TC_CHUNK_BYTES + cols / 64 * 4)
 }
 
 /// Warps per tile of the tensor-core kernels (at most `max`, a power of two): the tile's
 /// load rounds (512 columns each) split over warps until the tiles of all `nvec` vectors
 /// give the GPU 16 warps per SM, so a small matrix still reads from every SM.
-fn tc_split(sms: usize, tiles: usize, nvec: usize, cols: usize, max: usize) -> usize {
+pub(crate) fn tc_split(sms: usize, tiles: usize, nvec: usize, cols: usize, max: usize) -> usize {
     let rounds = cols / 512;
     let mut s = 1;
     while 2 * s <= max && rounds.is_multiple_of(2 * s) && tiles * nvec * s < sms * 16 {
@@ -73,13 +73,13 @@ fn tc_split(sms: usize, tiles: usize, nvec: usize, cols: usize, max: usize) -> u
 }
 
 /// Shared memory for tc_tiles' partial sums: two buffers of 16 floats per warp.
-fn tc_part_bytes(warps: usize) -> usize {
+pub(crate) fn tc_part_bytes(warps: usize) -> usize {
     2 * warps * 16 * 4
 }
 
 /// Warps of a `down_tc` block for `k` routed experts and the shared one (at most 12: the
 /// kernel's register budget).
-fn down_tc_warps(k: usize) -> usize {
+pub(crate) fn down_tc_warps(k: usize) -> usize {
     (k + 1).min(12)
 }
 

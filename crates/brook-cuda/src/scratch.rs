@@ -48,6 +48,9 @@ pub(crate) struct Scratch {
     pub(crate) offs: DevBuf,
     pub(crate) fill: DevBuf,
     pub(crate) pairs: DevBuf,
+    /// A batched step's expert groups (kernels/grouped.cu `moe_groups`): four ints a group,
+    /// room for every pick alone, then their count.
+    pub(crate) groups: DevBuf,
     pub(crate) gu: DevBuf,
     pub(crate) h: DevBuf,
     pub(crate) ey: DevBuf,
@@ -129,6 +132,7 @@ impl Scratch {
             offs: f(e, "router scratch")?,
             fill: f(e, "router scratch")?,
             pairs: f(c * k, "router scratch")?,
+            groups: f(4 * c * k + 1, "router scratch")?,
             gu: f(c * k * 2 * i, "expert scratch")?,
             h: f(c * k * i, "expert scratch")?,
             ey: f(c * k * h, "expert scratch")?,

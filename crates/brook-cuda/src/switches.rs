@@ -50,6 +50,13 @@ pub fn gateup_split() -> usize {
     count_switch("BROOK_CUDA_GATEUP_SPLIT", 1..=4, 4)
 }
 
+/// `BROOK_CUDA_GROUPED=1`: a step of several sequences decodes an expert's weights once for
+/// two tokens that use it (`grouped.rs`) instead of once a token and expert. Off until
+/// measured on a GPU (written 2026-12-07, when no device could be started).
+pub fn grouped() -> bool {
+    on_if_1("BROOK_CUDA_GROUPED")
+}
+
 /// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
 /// pick or its most likely candidates (`Logits::Best`, `Logits::Top`), instead of the pick
 /// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the

@@ -87,8 +87,10 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             ops::tc_fits(&pd.mat, 16) && ops::tc_fits(&pg.mat, 8)
         );
         assert!(ops::moe_down_fits(&pd.mat, &sm[2], k));
-        let tokens = 3;
-        // Token 1 shares experts with token 0; the gates sit 5 floats apart.
+        let tokens = 5;
+        // Tokens share experts, some three or four ways (the grouped kernels pair a shared
+        // expert's picks two at a time; the fifth token's shared expert is alone); the gates
+        // sit 5 floats apart.
         let sel: Vec<i32> = (0..tokens as i32)
             .flat_map(|t| (0..k as i32).map(move |j| (t * 3 + j * 2) % e as i32))
             .collect();
@@ -101,6 +103,13 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             g.upload(&sel, "sel").expect("sel"),
             g.upload(&wts, "wts").expect("wts"),
             g.upload(&sg, "sg").expect("sg"),
+        );
+        g.use_tensor_cores(true);
+        let grouped = case.decode_grouped(&g, k, tokens, xd.ptr, seld.ptr, wd.ptr, sgd.ptr, sgs);
+        assert_eq!(
+            grouped.is_some(),
+            tc_shapes,
+            "the grouped kernels take tensor-core shapes"
         );
         for tc in [true, false] {
             g.use_tensor_cores(tc);
@@ -121,6 +130,12 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
                     same_bits(&got[t * h..(t + 1) * h], &want),
                     "{bits}-bit g{group} tc {tc}: token {t} differs from its own launch"
                 );
+                if let Some(grouped) = grouped.as_ref().filter(|_| tc) {
+                    assert!(
+                        same_bits(&grouped[t * h..(t + 1) * h], &want),
+                        "{bits}-bit g{group}: token {t} grouped differs from its own launch"
+                    );
+                }
             }
         }
     }
@@ -188,6 +203,9 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         for graphs in [true, false] {
             let mut cuda = cuda_seqs(model, 4);
             cuda.graphs = graphs;
+            // The experts grouped (grouped.rs, where the kernels take the shapes) with graphs,
+            // a token at a time without.
+            cuda.grouped = graphs;
             assert_eq!(brook_core::engine::Engine::caps(&cuda).max_seqs, 4);
             let mut fw = Forward::new(cuda);
             eprintln!("{name} graphs {graphs}: alone");
@@ -203,7 +221,9 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
         // A one-sequence engine gives the same bits too.
         let mut fw = Forward::new(cuda_seqs(model, 1));
         let single = run(&mut fw, false);
-        let mut fw = Forward::new(cuda_seqs(model, 4));
+        let mut cuda = cuda_seqs(model, 4);
+        cuda.grouped = true;
+        let mut fw = Forward::new(cuda);
         let together = run(&mut fw, true);
         assert_same_bits(&single, &together, &format!("{name} against max_seqs 1"));
         // Half the experts in mapped host memory: batched steps gather theirs to the GPU.
@@ -222,7 +242,8 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
             )
             .expect("mapped")
         };
-        let mapped = open_mapped(4);
+        let mut mapped = open_mapped(4);
+        mapped.grouped = true;
         assert_eq!(mapped.experts.mapped, total - total / 2, "{name}");
         let mut fw = Forward::new(mapped);
         let got = run(&mut fw, true);

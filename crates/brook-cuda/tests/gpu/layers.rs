@@ -113,6 +113,64 @@ impl MoeCase {
         .expect("down");
         out.read().expect("read")
     }
+
+    /// [`MoeCase::decode`] with the experts grouped (`grouped::moe`), or `None` where its
+    /// kernels don't take these shapes.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn decode_grouped(
+        &self,
+        g: &Arc<Gpu>,
+        k: usize,
+        tokens: usize,
+        x: u64,
+        sel: u64,
+        wts: u64,
+        sg: u64,
+        sgs: usize,
+    ) -> Option<Vec<f32>> {
+        let [pg, pu, pd] = &self.placed;
+        let (mats, shared) = ([pg.mat, pu.mat, pd.mat], self.sm);
+        if !brook_cuda::grouped::fits(g, mats, shared, k, tokens) {
+            return None;
+        }
+        let (h, i, is) = (
+            pd.mat.rows as usize,
+            pg.mat.rows as usize,
+            self.sm[0].rows as usize,
+        );
+        let f = |n: usize, what: &str| g.zeros(n * 4, what).expect(what);
+        let (hd, hsd, groups) = (
+            f(tokens * k * i, "h"),
+            f(tokens * is, "hs"),
+            f(4 * tokens * k + 1, "groups"),
+        );
+        let (ey, so) = (f(tokens * k * h, "ey"), f(tokens * h, "so"));
+        let out = g.upload(&vec![f32::NAN; tokens * h], "out").expect("out");
+        let w = brook_cuda::grouped::GroupScratch {
+            groups: groups.ptr,
+            ey: ey.ptr,
+            so: so.ptr,
+        };
+        brook_cuda::grouped::moe(
+            g,
+            mats,
+            shared,
+            self.tab.ptr,
+            sel,
+            wts,
+            k,
+            tokens,
+            sg,
+            sgs,
+            x,
+            hd.ptr,
+            hsd.ptr,
+            out.ptr,
+            w,
+        )
+        .expect("grouped");
+        Some(out.read().expect("read"))
+    }
 }
 
 fn silu(v: f32) -> f32 {
