@@ -3,10 +3,11 @@
 //!
 //! Each sequence keeps the bits it gets alone: the dense products run the one-token kernels
 //! with the one-token split of every row (the tensor-core kernel takes up to eight vectors a
-//! block and runs each through the same operations, ops.rs `qmv_stacked_n`); the experts
-//! decode each weight tile once for two tokens where both use it (grouped.rs); the norms,
-//! top-k and the mixers run per token as in a one-token step, the mixers on each sequence's
-//! own state through a table of state pointers (kernels/mixers.cu). The
+//! block and runs each through the same operations, ops.rs `qmv_stacked_n`); the experts run
+//! per token, or with `CudaModel::grouped` decode each weight tile once for two tokens that
+//! use it (grouped.rs); the norms, top-k and the mixers run per token as in a one-token
+//! step, the mixers on each sequence's own state through a table of state pointers
+//! (kernels/mixers.cu). The
 //! step, with the copies of its tokens, positions and table, replays as one CUDA graph per
 //! number of sequences.
 
