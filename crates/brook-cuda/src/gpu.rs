@@ -72,6 +72,9 @@ pub struct Gpu {
     pub rule_norm: bool,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,
+    /// Blocks an SM the grouped expert kernels' grids aim at, gate/up and down
+    /// (`switches::grouped_blocks`).
+    pub grouped_blocks: (usize, usize),
     /// Use the tensor-core matrix-vector kernels where they fit (Ampere and later, unless
     /// `BROOK_CUDA_TC=0`; see kernels/tensor.cu).
     tensor_cores: AtomicBool,
@@ -185,6 +188,7 @@ impl Gpu {
             rule_prep: crate::switches::rule_prep(),
             rule_norm: crate::switches::rule_norm(),
             gateup_split: crate::switches::gateup_split(),
+            grouped_blocks: crate::switches::grouped_blocks(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
             pdl_now: AtomicBool::new(true),
             after_kernel: AtomicBool::new(false),

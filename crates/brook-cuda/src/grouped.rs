@@ -77,7 +77,8 @@ pub fn moe(
     let sms = g.sms.max(1) as usize;
     let tiles = (gate.rows.max(s[0].rows) / 8) as usize;
     let split = ops::tc_split(sms, tiles, k + 1, gate.cols as usize, g.gateup_split);
-    let bx = tiles.div_ceil(4 / split).clamp(1, (4 * sms / ny).max(1)) as u32;
+    let (fg, fd) = g.grouped_blocks;
+    let bx = tiles.div_ceil(4 / split).clamp(1, (fg * sms / ny).max(1)) as u32;
     let mut a = Args::new();
     a.arg(gate).arg(up).arg(tab).arg(k as i32).arg(n as i32);
     a.arg(s[0])
@@ -94,7 +95,7 @@ pub fn moe(
         &mut a,
     )?;
     let rows = down.rows as usize;
-    let bx = (rows / 16).div_ceil(4).clamp(1, (4 * sms / ny).max(1)) as u32;
+    let bx = (rows / 16).div_ceil(4).clamp(1, (fd * sms / ny).max(1)) as u32;
     let mut a = Args::new();
     a.arg(down)
         .arg(tab)

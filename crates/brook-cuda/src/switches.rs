@@ -57,6 +57,16 @@ pub fn grouped() -> bool {
     on_if_1("BROOK_CUDA_GROUPED")
 }
 
+/// `BROOK_CUDA_GROUPED_GATEUP_BLOCKS` and `BROOK_CUDA_GROUPED_DOWN_BLOCKS` (1-32, default 4):
+/// how many blocks an SM the grouped gate/up and down launches aim at over all their grid
+/// rows (a row per group, empty ones included); the per-token down kernel ran more warps.
+pub fn grouped_blocks() -> (usize, usize) {
+    (
+        count_switch("BROOK_CUDA_GROUPED_GATEUP_BLOCKS", 1..=32, 4),
+        count_switch("BROOK_CUDA_GROUPED_DOWN_BLOCKS", 1..=32, 4),
+    )
+}
+
 /// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
 /// pick or its most likely candidates (`Logits::Best`, `Logits::Top`), instead of the pick
 /// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the
