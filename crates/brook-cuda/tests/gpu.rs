@@ -35,7 +35,7 @@ use brook_cuda::gpu::{Gpu, Pinned};
 use brook_cuda::weights::{Mat, copy_into, place, upload_linear};
 use brook_cuda::{CudaModel, CudaOptions, ops};
 use common::{MODELS, Reference, argmax, fixture, rel_l2};
-use layers::MoeCase;
+use layers::{MoeCase, MoeIn};
 
 /// The GPU, or `None` (with the reason printed) where there is none.
 fn gpu() -> Option<Arc<Gpu>> {

@@ -104,8 +104,17 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
             g.upload(&wts, "wts").expect("wts"),
             g.upload(&sg, "sg").expect("sg"),
         );
+        let all = MoeIn {
+            k,
+            tokens,
+            x: xd.ptr,
+            sel: seld.ptr,
+            wts: wd.ptr,
+            sg: sgd.ptr,
+            sgs,
+        };
         g.use_tensor_cores(true);
-        let grouped = case.decode_grouped(&g, k, tokens, xd.ptr, seld.ptr, wd.ptr, sgd.ptr, sgs);
+        let grouped = case.decode_grouped(&g, all);
         assert_eq!(
             grouped.is_some(),
             tc_shapes,
@@ -113,19 +122,19 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
         );
         for tc in [true, false] {
             g.use_tensor_cores(tc);
-            let got = case.decode(&g, k, tokens, xd.ptr, seld.ptr, wd.ptr, sgd.ptr, sgs);
+            let got = case.decode(&g, all);
             for t in 0..tokens {
                 let one = |b: &brook_cuda::gpu::DevBuf, n: usize| b.ptr + (t * n * 4) as u64;
-                let want = case.decode(
-                    &g,
+                let alone = MoeIn {
                     k,
-                    1,
-                    one(&xd, h),
-                    one(&seld, k),
-                    one(&wd, k),
-                    one(&sgd, sgs),
-                    0,
-                );
+                    tokens: 1,
+                    x: one(&xd, h),
+                    sel: one(&seld, k),
+                    wts: one(&wd, k),
+                    sg: one(&sgd, sgs),
+                    sgs: 0,
+                };
+                let want = case.decode(&g, alone);
                 assert!(
                     same_bits(&got[t * h..(t + 1) * h], &want),
                     "{bits}-bit g{group} tc {tc}: token {t} differs from its own launch"

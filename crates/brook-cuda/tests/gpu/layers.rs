@@ -20,6 +20,20 @@ pub(super) struct MoeCase {
     pub(super) sm: [Mat; 3],
 }
 
+/// One decode call of a [`MoeCase`]: `tokens` tokens of `k` picks; device pointers x
+/// [tokens, h], the picks `sel` and their weights `wts` [tokens, k], the shared experts' gates
+/// `sg`, `sgs` floats apart.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct MoeIn {
+    pub(super) k: usize,
+    pub(super) tokens: usize,
+    pub(super) x: u64,
+    pub(super) sel: u64,
+    pub(super) wts: u64,
+    pub(super) sg: u64,
+    pub(super) sgs: usize,
+}
+
 impl MoeCase {
     pub(super) fn new(
         g: &Arc<Gpu>,
@@ -74,41 +88,35 @@ impl MoeCase {
         }
     }
 
-    /// The decode form of the MoE for `tokens` tokens: SwiGLU in the gate/up launch, the
-    /// downs and the weighted sum in the second. Device pointers: x [tokens, h], the picks
-    /// `sel` and their weights `wts` [tokens, k], the shared experts' gates `sgs` floats
-    /// apart. Returns the outputs [tokens, h].
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn decode(
-        &self,
-        g: &Arc<Gpu>,
-        k: usize,
-        tokens: usize,
-        x: u64,
-        sel: u64,
-        wts: u64,
-        sg: u64,
-        sgs: usize,
-    ) -> Vec<f32> {
-        let [pg, pu, pd] = &self.placed;
-        let (h, i, is) = (
+    /// The hidden size, an expert's intermediate size and the shared expert's.
+    fn dims(&self) -> (usize, usize, usize) {
+        let [pg, _, pd] = &self.placed;
+        (
             pd.mat.rows as usize,
             pg.mat.rows as usize,
             self.sm[0].rows as usize,
-        );
+        )
+    }
+
+    /// The decode form of the MoE (see [`MoeIn`]): SwiGLU in the gate/up launch, the downs
+    /// and the weighted sum in the second. Returns the outputs [tokens, h].
+    pub(super) fn decode(&self, g: &Arc<Gpu>, m: MoeIn) -> Vec<f32> {
+        let (k, tokens) = (m.k, m.tokens);
+        let [pg, pu, pd] = &self.placed;
+        let (h, i, is) = self.dims();
         let hd = g.zeros(tokens * k * i * 4, "h").expect("h");
         let hsd = g.zeros(tokens * is * 4, "hs").expect("hs");
         let out = g.upload(&vec![f32::NAN; tokens * h], "out").expect("out");
         let tab = self.tab.ptr;
         let shared = [self.sm[0], self.sm[1]];
         ops::qmv_experts(
-            g, pg.mat, pu.mat, tab, sel, k, k as i32, shared, true, tokens, x, hd.ptr, hsd.ptr,
+            g, pg.mat, pu.mat, tab, m.sel, k, k as i32, shared, true, tokens, m.x, hd.ptr, hsd.ptr,
             None,
         )
         .expect("gate/up");
         ops::moe_down(
-            g, pd.mat, tab, sel, wts, k, self.sm[2], sg, hd.ptr, hsd.ptr, out.ptr, tokens, sgs,
-            None,
+            g, pd.mat, tab, m.sel, m.wts, k, self.sm[2], m.sg, hd.ptr, hsd.ptr, out.ptr, tokens,
+            m.sgs, None,
         )
         .expect("down");
         out.read().expect("read")
@@ -116,28 +124,14 @@ impl MoeCase {
 
     /// [`MoeCase::decode`] with the experts grouped (`grouped::moe`), or `None` where its
     /// kernels don't take these shapes.
-    #[allow(clippy::too_many_arguments)]
-    pub(super) fn decode_grouped(
-        &self,
-        g: &Arc<Gpu>,
-        k: usize,
-        tokens: usize,
-        x: u64,
-        sel: u64,
-        wts: u64,
-        sg: u64,
-        sgs: usize,
-    ) -> Option<Vec<f32>> {
+    pub(super) fn decode_grouped(&self, g: &Arc<Gpu>, m: MoeIn) -> Option<Vec<f32>> {
+        let (k, tokens) = (m.k, m.tokens);
         let [pg, pu, pd] = &self.placed;
         let (mats, shared) = ([pg.mat, pu.mat, pd.mat], self.sm);
         if !brook_cuda::grouped::fits(g, mats, shared, k, tokens) {
             return None;
         }
-        let (h, i, is) = (
-            pd.mat.rows as usize,
-            pg.mat.rows as usize,
-            self.sm[0].rows as usize,
-        );
+        let (h, i, is) = self.dims();
         let f = |n: usize, what: &str| g.zeros(n * 4, what).expect(what);
         let (hd, hsd, groups) = (
             f(tokens * k * i, "h"),
@@ -156,13 +150,13 @@ impl MoeCase {
             mats,
             shared,
             self.tab.ptr,
-            sel,
-            wts,
+            m.sel,
+            m.wts,
             k,
             tokens,
-            sg,
-            sgs,
-            x,
+            m.sg,
+            m.sgs,
+            m.x,
             hd.ptr,
             hsd.ptr,
             out.ptr,
@@ -268,7 +262,16 @@ fn one_token_moe_kernels_match_the_reference() {
         }
         for tc in [true, false] {
             g.use_tensor_cores(tc);
-            let got = case.decode(&g, k, 1, xd.ptr, seld.ptr, wd.ptr, sgd.ptr, 0);
+            let m = MoeIn {
+                k,
+                tokens: 1,
+                x: xd.ptr,
+                sel: seld.ptr,
+                wts: wd.ptr,
+                sg: sgd.ptr,
+                sgs: 0,
+            };
+            let got = case.decode(&g, m);
             let err = rel_l2(&got, &want);
             assert!(
                 err < 1e-5,
