@@ -44,10 +44,10 @@ fn down_smem(down: Mat, sdown: Mat) -> usize {
     ops::tc_smem(down.cols.max(sdown.cols) as usize, 2)
 }
 
-/// out[t] = Σ_j wts[t, j]·down_{sel[t, j]}(h_{t, j}) + sigmoid(sg[t·sgs])·sdown(hs_t) for `n`
-/// tokens, h and hs their SwiGLU outputs of x (`n` rows of `gate.cols`), bit for bit as
-/// `ops::qmv_experts` and `ops::moe_down` give each token alone (check [`fits`] first). `h`
-/// (a row of I floats per pick) and `hs` (a row per token) are written on the way.
+/// out\[t\] = Σ_j wts\[t, j\]·down_{sel\[t, j\]}(h_{t, j}) + sigmoid(sg\[t·sgs\])·sdown(hs_t)
+/// for `n` tokens, h and hs their SwiGLU outputs of x (`n` rows of `gate.cols`), bit for bit
+/// as `ops::qmv_experts` and `ops::moe_down` give each token alone (check [`fits`] first).
+/// `h` (a row of I floats per pick) and `hs` (a row per token) are written on the way.
 #[allow(clippy::too_many_arguments)]
 pub fn moe(
     g: &Gpu,
