@@ -134,25 +134,17 @@ __device__ __forceinline__ Group group_of(int n, const u64* __restrict__ tab,
     return gr;
 }
 
-// swiglu_tc_body for the groups of n tokens (`split` as the one-token launch's): h =
-// silu(gate·x)·(up·x) of pick p into y[p, ·], of token t's shared expert into ys[t, ·].
-// Dynamic shared memory: tc_smem for two vectors and two buffers of 2·4·16 floats.
+// One group's gate/up rows Gt, Up (the shared expert's, or a routed one's at gr.base) with
+// SwiGLU: item i's input is its token's row of x, its output row i of out. Called from two
+// branches, so each binds its own kernel parameters (a reference chosen at run time made the
+// compiler copy both matrices to the stack).
 template <int ST, int G>
-__device__ void swiglu_tcg_body(const Mat& gm, const Mat& um, const u64* __restrict__ tab,
-                                int K, int n, const Mat& sg, const Mat& su, int split,
-                                const int4* __restrict__ groups, const int* __restrict__ count,
-                                const float* __restrict__ x, float* __restrict__ y,
-                                float* __restrict__ ys, uint4* tcs) {
-    int cols = gm.cols, nch = cols >> 7;
-    Group gr = group_of(n, tab, groups, count);
-    if (gr.nv == 0) return;
-    const Mat& Gt = gr.shared ? sg : gm;
-    const Mat& Up = gr.shared ? su : um;
-    // Each item's input is its token's; its output row is the token's (shared) or the pick's.
-    int ta = gr.shared ? gr.a : gr.a / K, tb = gr.shared ? gr.b : gr.b / K;
-    float* out = gr.shared ? ys : y;
+__device__ __forceinline__ void swiglu_tcg_rows(const Mat& Gt, const Mat& Up, const Group& gr,
+                                                int ta, int tb, int split,
+                                                const float* __restrict__ x,
+                                                float* __restrict__ out, uint4* tcs) {
+    int cols = Gt.cols, nch = cols >> 7, tiles = Gt.rows >> 3, g = (threadIdx.x & 31) >> 2;
     long long o0 = (long long)gr.a * Gt.rows, o1 = (long long)gr.b * Gt.rows;
-    int tiles = Gt.rows >> 3, g = (threadIdx.x & 31) >> 2;
     uint4* fr = tcs;
     float* sx = (float*)(tcs + 2 * nch * TC_CHUNK_U4);
     float* part = sx + 2 * (cols >> 6);
@@ -172,21 +164,31 @@ __device__ void swiglu_tcg_body(const Mat& gm, const Mat& um, const u64* __restr
                          });
 }
 
-// down_tc's products for the groups of n tokens, unweighted: pick p's down projection of
-// h[p, ·] into ey[p, ·], token t's shared one of hs[t, ·] into so[t, ·] (down_combine then
-// weighs and sums them). A warp takes a 16-row tile over every chunk, as down_tc's do.
-// Dynamic shared memory: tc_smem for two vectors of the wider input.
+// swiglu_tc_body for the groups of n tokens (`split` as the one-token launch's): h =
+// silu(gate·x)·(up·x) of pick p into y[p, ·], of token t's shared expert into ys[t, ·].
+// Dynamic shared memory: tc_smem for two vectors and two buffers of 2·4·16 floats.
 template <int ST, int G>
-__device__ void down_tcg_body(const Mat& down, const u64* __restrict__ tab, int n,
-                              const Mat& sdown, const int4* __restrict__ groups,
-                              const int* __restrict__ count, const float* __restrict__ h,
-                              const float* __restrict__ hs, float* __restrict__ ey,
-                              float* __restrict__ so, uint4* tcs) {
-    int rows = down.rows;
+__device__ void swiglu_tcg_body(const Mat& gm, const Mat& um, const u64* __restrict__ tab,
+                                int K, int n, const Mat& sg, const Mat& su, int split,
+                                const int4* __restrict__ groups, const int* __restrict__ count,
+                                const float* __restrict__ x, float* __restrict__ y,
+                                float* __restrict__ ys, uint4* tcs) {
     Group gr = group_of(n, tab, groups, count);
     if (gr.nv == 0) return;
-    const Mat& M = gr.shared ? sdown : down;
-    int cols = M.cols, nch = cols >> 7, tiles = rows >> 4, g = (threadIdx.x & 31) >> 2;
+    // Each item's input is its token's; its output row is the token's (shared) or the pick's.
+    if (gr.shared)
+        swiglu_tcg_rows<ST, G>(sg, su, gr, gr.a, gr.b, split, x, ys, tcs);
+    else
+        swiglu_tcg_rows<ST, G>(gm, um, gr, gr.a / K, gr.b / K, split, x, y, tcs);
+}
+
+// One group's down projection M: item i's input is row i of h, its output row i of out.
+template <int ST, int G>
+__device__ __forceinline__ void down_tcg_rows(const Mat& M, const Group& gr,
+                                              const float* __restrict__ h,
+                                              float* __restrict__ out, uint4* tcs) {
+    int rows = M.rows, cols = M.cols, nch = cols >> 7, tiles = rows >> 4;
+    int g = (threadIdx.x & 31) >> 2;
     uint4* fr = tcs;
     float* sx = (float*)(tcs + 2 * nch * TC_CHUNK_U4);
     u64 base = gr.base;
@@ -197,11 +199,8 @@ __device__ void down_tcg_body(const Mat& down, const u64* __restrict__ tab, int 
     TcLoads<ST, G> f;
     bool issued = tc_first<ST, G>(tiles, 1, nch, f, rows_of);
     if (gr.shared) PDL_SYNC();
-    // Item i's input is row i of h (picks) or hs (tokens), its output row i of ey or so.
-    tc_stage((gr.shared ? hs : h) + (long long)gr.a * cols, (long long)(gr.b - gr.a) * cols,
-             gr.nv, cols, fr, sx);
+    tc_stage(h + (long long)gr.a * cols, (long long)(gr.b - gr.a) * cols, gr.nv, cols, fr, sx);
     __syncthreads();
-    float* out = gr.shared ? so : ey;
     tc_tiles_n<ST, G, 2>(tiles, 1, nch, gr.nv, fr, sx, nullptr, f, issued, rows_of,
                          [&](int tile, int v, const float (&o)[2]) {
                              float* yv = out + (long long)(v ? gr.b : gr.a) * rows;
@@ -209,9 +208,27 @@ __device__ void down_tcg_body(const Mat& down, const u64* __restrict__ tab, int 
                              yv[tile * 16 + g + 8] = o[1];
                          });
 }
+
+// down_tc's products for the groups of n tokens, unweighted: pick p's down projection of
+// h[p, ·] into ey[p, ·], token t's shared one of hs[t, ·] into so[t, ·] (down_combine then
+// weighs and sums them). A warp takes a 16-row tile over every chunk, as down_tc's do.
+// Dynamic shared memory: tc_smem for two vectors of the wider input.
+template <int ST, int G>
+__device__ void down_tcg_body(const Mat& down, const u64* __restrict__ tab, int n,
+                              const Mat& sdown, const int4* __restrict__ groups,
+                              const int* __restrict__ count, const float* __restrict__ h,
+                              const float* __restrict__ hs, float* __restrict__ ey,
+                              float* __restrict__ so, uint4* tcs) {
+    Group gr = group_of(n, tab, groups, count);
+    if (gr.nv == 0) return;
+    if (gr.shared)
+        down_tcg_rows<ST, G>(sdown, gr, hs, so, tcs);
+    else
+        down_tcg_rows<ST, G>(down, gr, h, ey, tcs);
+}
 #endif
 
-extern "C" __global__ void __launch_bounds__(128, 4)
+extern "C" __global__ void __launch_bounds__(128, 3)
     swiglu_tcg(Mat gm, Mat um, const u64* __restrict__ tab, int K, int n, Mat sg, Mat su,
                int split, const int4* __restrict__ groups, const int* __restrict__ count,
                const float* __restrict__ x, float* __restrict__ y, float* __restrict__ ys) {
