@@ -100,7 +100,7 @@ extern "C" __global__ void down_combine(const float* __restrict__ ey, const floa
 // What a block of a grouped launch takes: its group's expert (base 0 for the shared one,
 // whose matrices have addresses of their own), its first and second item (the shared
 // expert's: tokens; a routed expert's: picks; the second is the first again where the group
-// has one), and how many (0: nothing to do). A routed group is read from the step's groups,
+// has only one), and how many (0: nothing to do). A routed group is read from the step's groups,
 // so this waits first for them; the shared ones wait in the caller, after their first loads.
 struct Group {
     bool shared;
