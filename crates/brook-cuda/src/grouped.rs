@@ -10,7 +10,8 @@ use crate::gpu::{Args, Gpu};
 use crate::ops;
 use crate::weights::Mat;
 
-/// Picks a grouped step may have (kernels/grouped.cu `GROUP_PICKS`).
+/// Picks a grouped step may have: `moe_groups` keeps two ints a pick in shared memory, 32 KiB
+/// at most (under the 48 KiB any kernel may take).
 pub const GROUP_PICKS: usize = 4096;
 
 /// Where a grouped MoE works: the groups (four ints each, room for every pick alone) and
@@ -71,7 +72,7 @@ pub fn moe(
     let count = w.groups + (16 * nk) as u64;
     let mut a = Args::new();
     a.arg(sel).arg(nk as i32).arg(w.groups).arg(count);
-    g.launch(g.k.moe_groups, (1, 1, 1), 1024, 0, &mut a)?;
+    g.launch(g.k.moe_groups, (1, 1, 1), 1024, (8 * nk) as u32, &mut a)?;
     // The shared expert's ⌈n / 2⌉ groups, then room for every pick alone.
     let ny = n.div_ceil(2) + nk;
     let sms = g.sms.max(1) as usize;

@@ -12,15 +12,15 @@
 // groups after them, in the pick order of their first pick. The grid has room for every
 // pick alone; the rows past the step's count end at once.
 
-#define GROUP_PICKS 4096    // picks a step may group (moe_groups' shared memory)
-
 // groups[i] = {expert, first pick, second pick or −1, 0} for the routed groups of n·K picks
-// `sel`, count[0] their number. One block of 1024 threads.
+// `sel`, count[0] their number. One block of 1024 threads; dynamic shared memory: two ints a
+// pick (grouped.rs `GROUP_PICKS` bounds the picks).
 extern "C" __global__ void __launch_bounds__(1024)
     moe_groups(const int* __restrict__ sel, int nk, int4* __restrict__ groups,
                int* __restrict__ count) {
-    __shared__ int ss[GROUP_PICKS];
-    __shared__ int starts[GROUP_PICKS];
+    extern __shared__ int picks_sm[];
+    int* ss = picks_sm;
+    int* starts = picks_sm + nk;
     __shared__ int base[32];
     PDL_SYNC();
     for (int p = threadIdx.x; p < nk; p += blockDim.x) ss[p] = sel[p];
