@@ -182,23 +182,31 @@ pub fn delta_rule(g: &Gpu, p: &DeltaRule, mode: DeltaMode) -> Result<()> {
         g.launch(f, grid, CHUNK_THREADS, smem as u32, &mut a)?;
         return norm_after(g, p);
     }
-    // A block a value head when it norms its own outputs (at most 256 threads: with the
-    // state in registers more would not fit an SM's register file).
-    let head_threads = p.dv.div_ceil(32) * 32;
-    let norm_in = p.norm.filter(|_| p.norm_in_rule && head_threads <= 256);
-    a.arg(p.seqs).arg(in_rule).arg(norm_in.unwrap_or_default());
-    let f = match p.dk {
-        32 => g.k.delta_rule_32,
-        64 => g.k.delta_rule_64,
-        128 => g.k.delta_rule_128,
-        _ => g.k.delta_rule_any,
+    // A block a value head when it norms its own outputs: at most 256 threads with a
+    // column's whole state in each lane's registers (more would not fit an SM's register
+    // file), 1024 with it split over two or four lanes (`switches::rule_split`).
+    let (f, split) = match (p.dk, g.rule_split()) {
+        (32, _) => (g.k.delta_rule_32, 1),
+        (64, _) => (g.k.delta_rule_64, 1),
+        (128, 4) => (g.k.delta_rule_128_p4, 4),
+        (128, 2) => (g.k.delta_rule_128_p2, 2),
+        (128, _) => (g.k.delta_rule_128, 1),
+        _ => (g.k.delta_rule_any, 1),
     };
+    let head_threads = p.dv.div_ceil(32) * 32;
+    let most = if split > 1 { 1024 } else { 256 };
+    let norm_in = p
+        .norm
+        .filter(|_| p.norm_in_rule && head_threads * split <= most);
+    a.arg(p.seqs).arg(in_rule).arg(norm_in.unwrap_or_default());
     if norm_in.is_some() {
         let grid = (p.nv as u32, 1, nz as u32);
         let smem = (2 * p.dk + head_threads) * 4;
-        return g.launch(f, grid, head_threads as u32, smem as u32, &mut a);
+        let threads = (head_threads * split) as u32;
+        return g.launch(f, grid, threads, smem as u32, &mut a);
     }
-    g.launch(f, grid, COLS as u32, (2 * p.dk * 4) as u32, &mut a)?;
+    let threads = (COLS * split) as u32;
+    g.launch(f, grid, threads, (2 * p.dk * 4) as u32, &mut a)?;
     norm_after(g, p)
 }
 

@@ -8,7 +8,7 @@
 
 use std::ffi::{CString, c_void};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 use brook_core::experts::budget::fmt_bytes;
 use brook_core::{Error, Result};
@@ -70,6 +70,9 @@ pub struct Gpu {
     /// The delta rule norms and gates a decoded token's outputs in its own launch
     /// (unless `BROOK_CUDA_RULE_NORM=0`).
     pub rule_norm: bool,
+    /// Lanes a state column of the token-by-token delta rule at key width 128 is split over
+    /// (`switches::rule_split`; the tests try each).
+    rule_split: AtomicUsize,
     /// The most warps a tensor-core gate/up tile is split over (`BROOK_CUDA_GATEUP_SPLIT`).
     pub gateup_split: usize,
     /// Blocks an SM the grouped expert kernels' grids aim at, gate/up and down
@@ -187,6 +190,7 @@ impl Gpu {
             pdl: cc.0 >= 9 && crate::switches::pdl(),
             rule_prep: crate::switches::rule_prep(),
             rule_norm: crate::switches::rule_norm(),
+            rule_split: AtomicUsize::new(crate::switches::rule_split()),
             gateup_split: crate::switches::gateup_split(),
             grouped_blocks: crate::switches::grouped_blocks(),
             tensor_cores: AtomicBool::new(cc.0 >= 8 && crate::switches::tensor_cores()),
@@ -215,6 +219,19 @@ impl Gpu {
     pub fn use_tensor_cores(&self, on: bool) {
         self.tensor_cores
             .store(on && self.cc.0 >= 8, Ordering::Relaxed);
+    }
+
+    /// Lanes a state column of the token-by-token delta rule at key width 128 is split over:
+    /// 1, 2 or 4 (`switches::rule_split`).
+    pub fn rule_split(&self) -> usize {
+        self.rule_split.load(Ordering::Relaxed)
+    }
+
+    /// Sets [`Self::rule_split`] (1, 2 or 4; anything else is taken as 1): the tests check
+    /// each against the reference. Not while a model's step is being captured or run.
+    pub fn split_rule(&self, lanes: usize) {
+        let lanes = if matches!(lanes, 2 | 4) { lanes } else { 1 };
+        self.rule_split.store(lanes, Ordering::Relaxed);
     }
 
     /// Device memory held through this handle.

@@ -42,6 +42,20 @@ pub fn rule_norm() -> bool {
     on_unless_0("BROOK_CUDA_RULE_NORM")
 }
 
+/// `BROOK_CUDA_RULE_SPLIT=N` (1, 2 or 4): lanes each value column of the token-by-token
+/// delta rule's state is split over at key width 128, each holding 128 / N of its rows (1:
+/// the column's 128 values in one lane's registers, which spills). Off (1) until measured
+/// on a GPU; the split sets the order of the rule's sums, so a process takes one throughout.
+pub fn rule_split() -> usize {
+    match count_switch("BROOK_CUDA_RULE_SPLIT", 1..=4, 1) {
+        3 => {
+            tracing::warn!("BROOK_CUDA_RULE_SPLIT=3 is not 1, 2 or 4; using 2");
+            2
+        }
+        n => n,
+    }
+}
+
 /// `BROOK_CUDA_GATEUP_SPLIT=N` (1 to 4): the most warps a gate/up tile of the tensor-core
 /// SwiGLU kernel is split over, each taking a slice of the row (`ops::qmv_experts`); 4 by
 /// default. The split sets the order of each row's sums, so every launch of a process

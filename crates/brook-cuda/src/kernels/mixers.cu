@@ -106,18 +106,28 @@ __device__ __forceinline__ float gated_out(float o, float inv, float w, float z)
     return o * inv * w * siluf_(z);
 }
 
-// The gated delta rule token by token. Block (h, column group): each lane owns one value
-// column j of head h's [dk, dv] state, kept in registers when DK > 0 (else in global memory).
-// A column group is the block's threads: 32, or with `gn.y` set the whole head (dv rounded
-// up to warps), whose outputs the block then norms and gates itself (gated_norm's work, the
-// same bits) instead of writing o: one launch fewer.
+// The gated delta rule token by token. Block (h, column group): each value column j of head
+// h's [dk, dv] state belongs to P neighbouring lanes, lane p of them holding rows p, p + P,
+// p + 2P, ... in registers when DK > 0 (P = 1 only without: the state stays in global
+// memory); the P lanes' partial sums meet by a butterfly of shuffles, which leaves every lane
+// the same bits. A column group is the block's threads over P: 32 columns, or with `gn.y`
+// set the whole head (dv rounded up to warps), whose outputs the block then norms and gates
+// itself (gated_norm's work, the same bits) instead of writing o: one launch fewer.
 // With `pr.b` set, the block prepares its token's q and k heads and head h's β and g itself
 // (delta_prep's work, the same bits) as it loads them, which saves that launch: the conv
 // output is read as the conv wrote it.
 // With DK > 0 the state's loads go out before the wait: it was last written by this layer's
 // launch for the sequence's previous tokens (or copied in before the step), never by a kernel
 // that may still run, and so was the table `seqs` (copied at the step's start).
-template <int DK>
+// Sum of x over the P lanes (P a power of two) that share a state column.
+template <int P>
+__device__ __forceinline__ float column_sum(float x) {
+#pragma unroll
+    for (int m = 1; m < P; m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+}
+
+template <int DK, int P>
 __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
                                 const float* __restrict__ beta, float* __restrict__ state,
                                 float* __restrict__ o, int T, int cd, int nk, int nv, int dk, int dv,
@@ -143,14 +153,15 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
     float* qs = sm;
     float* ks = sm + dk;
     float* os = sm + 2 * dk;
-    int h = blockIdx.x, lane = threadIdx.x & 31;
-    int j = blockIdx.y * blockDim.x + threadIdx.x;
+    constexpr int R = DK > 0 ? DK / P : 1;   // state rows a lane holds
+    int h = blockIdx.x, lane = threadIdx.x & 31, p = threadIdx.x & (P - 1);
+    int j = blockIdx.y * (blockDim.x / P) + threadIdx.x / P;
     int kh = h / (nv / nk), key_dim = nk * dk;
     bool on = j < dv;
     float* st = state + (long long)h * dk * dv;
-    float s[DK > 0 ? DK : 1];
-    if (DK > 0 && on)
-        for (int i = 0; i < DK; i++) s[i] = ld_state(st + i * dv + j);
+    float s[R];
+    if (DK > 0)
+        for (int r = 0; r < R; r++) s[r] = on ? ld_state(st + (r * P + p) * dv + j) : 0.0f;
     if (DK > 0) PDL_SYNC();
     for (int t = 0; t < T; t++) {
         const float* row = conv + (long long)t * cd;
@@ -188,14 +199,16 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
         __syncthreads();
         float alpha = expf(gt);
         float out = 0.0f;
-        if (on) {
-            float v = row[2 * key_dim + h * dv + j];
+        // With P > 1 every lane of a column takes part in its shuffles (an off column's
+        // lanes hold zeros).
+        if (on || P > 1) {
+            float v = on ? row[2 * key_dim + h * dv + j] : 0.0f;
             float u = 0.0f;
             if (DK > 0) {
 #pragma unroll
-                for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
-                    s[i] *= alpha;
-                    u = fmaf(s[i], ks[i], u);
+                for (int r = 0; r < R; r++) {
+                    s[r] *= alpha;
+                    u = fmaf(s[r], ks[r * P + p], u);
                 }
             } else {
                 for (int i = 0; i < dk; i++) {
@@ -204,12 +217,13 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
                     u = fmaf(x, ks[i], u);
                 }
             }
+            u = column_sum<P>(u);
             float delta = bt * (v - u);
             if (DK > 0) {
 #pragma unroll
-                for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
-                    s[i] = fmaf(ks[i], delta, s[i]);
-                    out = fmaf(s[i], qs[i], out);
+                for (int r = 0; r < R; r++) {
+                    s[r] = fmaf(ks[r * P + p], delta, s[r]);
+                    out = fmaf(s[r], qs[r * P + p], out);
                 }
             } else {
                 for (int i = 0; i < dk; i++) {
@@ -218,35 +232,38 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
                     out = fmaf(x, qs[i], out);
                 }
             }
-            if (!gn.y) o[((long long)t * nv + h) * dv + j] = out;
+            out = column_sum<P>(out);
+            if (!gn.y && on && p == 0) o[((long long)t * nv + h) * dv + j] = out;
         }
         if (gn.y) {
             // gated_norm's sum: lane l adds columns l, l + 32, ... in order, then the warp's
             // lanes meet; every warp finds the same factor.
-            if (threadIdx.x < dv) os[threadIdx.x] = out;
+            if (on && p == 0) os[j] = out;
             __syncthreads();
             float ss = 0.0f;
             for (int i = lane; i < dv; i += 32) ss = fmaf(os[i], os[i], ss);
             float inv = gated_inv(warp_sum(ss), dv, gn.eps);
-            if (on) gn.y[((long long)t * nv + h) * dv + j] = gated_out(out, inv, wj, zj);
+            if (on && p == 0) gn.y[((long long)t * nv + h) * dv + j] = gated_out(out, inv, wj, zj);
         }
         __syncthreads();
     }
     if (DK > 0 && on)
-        for (int i = 0; i < DK; i++) st_state(st + i * dv + j, s[i]);
+        for (int r = 0; r < R; r++) st_state(st + (r * P + p) * dv + j, s[r]);
 }
 
-#define DELTA_RULE(NAME, DK)                                                                    \
+#define DELTA_RULE(NAME, DK, P)                                                                 \
     extern "C" __global__ void NAME(const float* conv, const float* g, const float* beta,      \
                                     float* state, float* o, int T, int cd, int nk, int nv,     \
                                     int dk, int dv, const u64* seqs, DeltaPrep pr,             \
                                     GatedNorm gn) {                                            \
-        delta_rule_impl<DK>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs, pr, gn);     \
+        delta_rule_impl<DK, P>(conv, g, beta, state, o, T, cd, nk, nv, dk, dv, seqs, pr, gn);  \
     }
-DELTA_RULE(delta_rule_32, 32)
-DELTA_RULE(delta_rule_64, 64)
-DELTA_RULE(delta_rule_128, 128)
-DELTA_RULE(delta_rule_any, 0)
+DELTA_RULE(delta_rule_32, 32, 1)
+DELTA_RULE(delta_rule_64, 64, 1)
+DELTA_RULE(delta_rule_128, 128, 1)
+DELTA_RULE(delta_rule_128_p2, 128, 2)
+DELTA_RULE(delta_rule_128_p4, 128, 4)
+DELTA_RULE(delta_rule_any, 0, 1)
 
 // y = rms_norm(o; w) · silu(z) per value head, one warp per (token, head) row r = token·nv +
 // head; z's tokens are zs floats apart.

@@ -317,17 +317,24 @@ fn delta_case(
 
 /// Both delta-rule kernels, the token-by-token one and the chunked one (64 tokens a chunk),
 /// against the reference recurrence on random inputs: T within one chunk, on its edge, one
-/// past it and several chunks with a ragged last one; the real head size (dk = dv = 128)
-/// and smaller ones that take the other kernels (dk 64, 32 and the generic 48, with value
-/// widths that leave a partial 32-column tile). Outputs and the final state within 1e-5
+/// past it and several chunks with a ragged last one; the real head size (dk = dv = 128),
+/// dk = 128 with 40 value columns, and smaller ones that take the other kernels (dk 64, 32
+/// and the generic 48, with value widths that leave a partial 32-column tile). Outputs and the final state within 1e-5
 /// relative L2: the chunked form's decays e^(γi−γj) from cumulative sums cost up to about
 /// 1e-6 (brook_core's chunked form on these inputs: at most 1.3e-6 of the recurrence; a CPU
-/// emulation of this kernel: at most 1.7e-6 of an f64 recurrence).
+/// emulation of this kernel: at most 1.7e-6 of an f64 recurrence). The token-by-token
+/// kernel at dk = 128 runs with each state column in one lane, and split over two and four.
 #[test]
 fn delta_rule_kernels_match_the_reference_recurrence() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(17);
-    for (nk, dk, dv) in [(2, 128, 128), (1, 64, 64), (1, 32, 48), (2, 48, 40)] {
+    for (nk, dk, dv) in [
+        (2, 128, 128),
+        (1, 128, 40),
+        (1, 64, 64),
+        (1, 32, 48),
+        (2, 48, 40),
+    ] {
         let (nv, key_dim) = (2 * nk, nk * dk);
         let cd = 2 * key_dim + nv * dv;
         for t in [1usize, 7, 64, 65, 200, 300] {
@@ -360,7 +367,17 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
             let convd = g.upload(&conv, "conv").expect("conv");
             let gd = g.upload(&gl, "g").expect("g");
             let bd = g.upload(&beta, "beta").expect("beta");
-            for mode in [DeltaMode::Recurrent, DeltaMode::Chunked] {
+            let modes = [
+                (DeltaMode::Recurrent, 1),
+                (DeltaMode::Recurrent, 2),
+                (DeltaMode::Recurrent, 4),
+                (DeltaMode::Chunked, 1),
+            ];
+            for (mode, split) in modes {
+                if split > 1 && dk != 128 {
+                    continue;
+                }
+                g.split_rule(split);
                 let sd = g.upload(&s0, "state").expect("state");
                 let od = g.upload(&vec![f32::NAN; t * nv * dv], "o").expect("o");
                 let rule = DeltaRule {
@@ -385,27 +402,36 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
                 delta_rule(&g, &rule, mode).expect("launch");
                 let (o, s): (Vec<f32>, Vec<f32>) = (od.read().expect("o"), sd.read().expect("s"));
                 let (eo, es) = (rel_l2(&o, &o_ref), rel_l2(&s, &s_ref));
-                eprintln!("{mode:?} dk={dk} dv={dv} t={t}: output {eo:.2e}, state {es:.2e}");
+                let what = format!("{mode:?} split {split} nk={nk} dk={dk} dv={dv} t={t}");
+                eprintln!("{what}: output {eo:.2e}, state {es:.2e}");
                 assert!(
                     eo < 1e-5 && es < 1e-5,
-                    "{mode:?} nk={nk} dk={dk} dv={dv} t={t}: output {eo:.2e}, state {es:.2e}"
+                    "{what}: output {eo:.2e}, state {es:.2e}"
                 );
             }
         }
     }
+    g.split_rule(brook_cuda::switches::rule_split());
 }
 
 /// The token-by-token rule preparing its token itself (q/k head norms, β and g) and norming
 /// and gating its outputs itself (`BROOK_CUDA_RULE_PREP=1`, `BROOK_CUDA_RULE_NORM=1`) gives
 /// the bits of `delta_prep` launched before it and `gated_norm` after it, each fold alone
 /// too: one sequence of one and of three tokens, and three sequences of one token each (the
-/// batched step's form), at the real head size and at the generic kernel's (dk 48, dv 40: a
-/// partial warp).
+/// batched step's form), at the real head size (its state columns in one lane each, and
+/// split over two and over four) and at the generic kernel's (dk 48, dv 40: a partial warp).
 #[test]
 fn the_rule_folding_its_prep_and_norm_keeps_the_bits_of_their_launches() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng::new(29);
-    for (nk, dk, dv) in [(2, 128, 128), (2, 48, 40)] {
+    let shapes = [
+        (2, 128, 128, 1),
+        (2, 128, 128, 2),
+        (2, 128, 128, 4),
+        (2, 48, 40, 1),
+    ];
+    for (nk, dk, dv, split) in shapes {
+        g.split_rule(split);
         let (nv, key_dim) = (2 * nk, nk * dk);
         let cd = 2 * key_dim + nv * dv;
         for (t, nseq) in [(1usize, 0usize), (3, 0), (1, 3)] {
@@ -473,11 +499,14 @@ fn the_rule_folding_its_prep_and_norm_keeps_the_bits_of_their_launches() {
                 "outputs of the launches apart"
             );
             for (p, n) in [(true, false), (false, true), (true, true)] {
-                let what = format!("nk={nk} dk={dk} dv={dv} t={t} seqs={nseq} prep {p} norm {n}");
+                let what = format!(
+                    "nk={nk} dk={dk} dv={dv} split {split} t={t} seqs={nseq} prep {p} norm {n}"
+                );
                 let (y, st) = run(p, n);
                 assert_eq!(bits(&y), bits(&y0), "{what}: outputs");
                 assert_eq!(bits(&st), bits(&s0_out), "{what}: state");
             }
         }
     }
+    g.split_rule(brook_cuda::switches::rule_split());
 }
