@@ -44,10 +44,11 @@ pub fn rule_norm() -> bool {
 
 /// `BROOK_CUDA_RULE_SPLIT=N` (1, 2 or 4): lanes each value column of the token-by-token
 /// delta rule's state is split over at key width 128, each holding 128 / N of its rows (1:
-/// the column's 128 values in one lane's registers, which spills). Off (1) until measured
-/// on a GPU; the split sets the order of the rule's sums, so a process takes one throughout.
+/// the column's 128 values in one lane's registers, which spills); 4 by default (one
+/// sequence's step 409 → 426 tok/s on an H100, sixteen 1906 → 1886; docs/BENCH.md). The
+/// split sets the order of the rule's sums, so a process takes one throughout.
 pub fn rule_split() -> usize {
-    match count_switch("BROOK_CUDA_RULE_SPLIT", 1..=4, 1) {
+    match count_switch("BROOK_CUDA_RULE_SPLIT", 1..=4, 4) {
         3 => {
             tracing::warn!("BROOK_CUDA_RULE_SPLIT=3 is not 1, 2 or 4; using 2");
             2
@@ -65,8 +66,8 @@ pub fn gateup_split() -> usize {
 }
 
 /// `BROOK_CUDA_GROUPED=1`: a step of several sequences decodes an expert's weights once for
-/// two tokens that use it (`grouped.rs`) instead of once a token and expert. Off until
-/// measured on a GPU (written 2026-12-07, when no device could be started).
+/// two tokens that use it (`grouped.rs`) instead of once a token and expert. Off: measured
+/// slower (sixteen sequences' step 1906 → 1852 tok/s on an H100, docs/BENCH.md).
 pub fn grouped() -> bool {
     on_if_1("BROOK_CUDA_GROUPED")
 }
