@@ -106,6 +106,14 @@ __device__ __forceinline__ float gated_out(float o, float inv, float w, float z)
     return o * inv * w * siluf_(z);
 }
 
+// Sum of x over the P lanes (P a power of two) that share a state column.
+template <int P>
+__device__ __forceinline__ float column_sum(float x) {
+#pragma unroll
+    for (int m = 1; m < P; m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
+    return x;
+}
+
 // The gated delta rule token by token. Block (h, column group): each value column j of head
 // h's [dk, dv] state belongs to P neighbouring lanes, lane p of them holding rows p, p + P,
 // p + 2P, ... in registers when DK > 0 (P = 1 only without: the state stays in global
@@ -119,14 +127,6 @@ __device__ __forceinline__ float gated_out(float o, float inv, float w, float z)
 // With DK > 0 the state's loads go out before the wait: it was last written by this layer's
 // launch for the sequence's previous tokens (or copied in before the step), never by a kernel
 // that may still run, and so was the table `seqs` (copied at the step's start).
-// Sum of x over the P lanes (P a power of two) that share a state column.
-template <int P>
-__device__ __forceinline__ float column_sum(float x) {
-#pragma unroll
-    for (int m = 1; m < P; m <<= 1) x += __shfl_xor_sync(0xffffffffu, x, m);
-    return x;
-}
-
 template <int DK, int P>
 __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __restrict__ g,
                                 const float* __restrict__ beta, float* __restrict__ state,
@@ -243,7 +243,8 @@ __device__ void delta_rule_impl(const float* __restrict__ conv, const float* __r
             float ss = 0.0f;
             for (int i = lane; i < dv; i += 32) ss = fmaf(os[i], os[i], ss);
             float inv = gated_inv(warp_sum(ss), dv, gn.eps);
-            if (on && p == 0) gn.y[((long long)t * nv + h) * dv + j] = gated_out(out, inv, wj, zj);
+            if (on && p == 0)
+                gn.y[((long long)t * nv + h) * dv + j] = gated_out(out, inv, wj, zj);
         }
         __syncthreads();
     }
