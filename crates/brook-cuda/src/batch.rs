@@ -7,9 +7,8 @@
 //! per token, or with `CudaModel::grouped` decode each weight tile once for two tokens that
 //! use it (grouped.rs); the norms, top-k and the mixers run per token as in a one-token
 //! step, the mixers on each sequence's own state through a table of state pointers
-//! (kernels/mixers.cu). The
-//! step, with the copies of its tokens, positions and table, replays as one CUDA graph per
-//! number of sequences.
+//! (kernels/mixers.cu). The step, with the copies of its tokens, positions and table,
+//! replays as one CUDA graph per number of sequences.
 
 use brook_core::engine::SeqStep;
 use brook_core::model::Logits;

@@ -319,11 +319,12 @@ fn delta_case(
 /// against the reference recurrence on random inputs: T within one chunk, on its edge, one
 /// past it and several chunks with a ragged last one; the real head size (dk = dv = 128),
 /// dk = 128 with 40 value columns, and smaller ones that take the other kernels (dk 64, 32
-/// and the generic 48, with value widths that leave a partial 32-column tile). Outputs and the final state within 1e-5
-/// relative L2: the chunked form's decays e^(γi−γj) from cumulative sums cost up to about
-/// 1e-6 (brook_core's chunked form on these inputs: at most 1.3e-6 of the recurrence; a CPU
-/// emulation of this kernel: at most 1.7e-6 of an f64 recurrence). The token-by-token
-/// kernel at dk = 128 runs with each state column in one lane, and split over two and four.
+/// and the generic 48, with value widths that leave a partial 32-column tile). Outputs and
+/// the final state within 1e-5 relative L2: the chunked form's decays e^(γi−γj) from
+/// cumulative sums cost up to about 1e-6 (brook_core's chunked form on these inputs: at
+/// most 1.3e-6 of the recurrence; a CPU emulation of this kernel: at most 1.7e-6 of an f64
+/// recurrence). The token-by-token kernel at dk = 128 runs with each state column in one
+/// lane, and split over two and four.
 #[test]
 fn delta_rule_kernels_match_the_reference_recurrence() {
     let Some(g) = gpu() else { return };
@@ -411,7 +412,6 @@ fn delta_rule_kernels_match_the_reference_recurrence() {
             }
         }
     }
-    g.split_rule(brook_cuda::switches::rule_split());
 }
 
 /// The token-by-token rule preparing its token itself (q/k head norms, β and g) and norming
@@ -508,5 +508,4 @@ fn the_rule_folding_its_prep_and_norm_keeps_the_bits_of_their_launches() {
             }
         }
     }
-    g.split_rule(brook_cuda::switches::rule_split());
 }
