@@ -47,10 +47,10 @@ impl CudaModel {
             let bp = zp + z.rows as u64 * 4;
             (zp, bp, bp + nv as u64 * 4)
         } else {
-            self.linear(qkv, Mat::NONE, t, s.normed.ptr, s.qkv.ptr)?;
-            self.linear(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
-            self.linear(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
-            self.linear(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
+            self.product(qkv, Mat::NONE, t, s.normed.ptr, s.qkv.ptr)?;
+            self.product(z, Mat::NONE, t, s.normed.ptr, s.z.ptr)?;
+            self.product(b, Mat::NONE, t, s.normed.ptr, s.b.ptr)?;
+            self.product(am, Mat::NONE, t, s.normed.ptr, s.a.ptr)?;
             (s.z.ptr, s.b.ptr, s.a.ptr)
         };
         let mut a = Args::new();
@@ -102,7 +102,7 @@ impl CudaModel {
             norm_in_rule: g.rule_norm,
         };
         delta::delta_rule(g, &rule, self.model.delta_mode)?;
-        self.linear(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
+        self.product(out, Mat::NONE, t, s.y.ptr, s.delta.ptr)
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -133,9 +133,9 @@ impl CudaModel {
             let kp = s.qg.ptr + q.rows as u64 * 4;
             (kp, kp + k.rows as u64 * 4)
         } else {
-            self.linear(q, Mat::NONE, t, s.normed.ptr, s.qg.ptr)?;
-            self.linear(k, Mat::NONE, t, s.normed.ptr, s.k.ptr)?;
-            self.linear(v, Mat::NONE, t, s.normed.ptr, s.v.ptr)?;
+            self.product(q, Mat::NONE, t, s.normed.ptr, s.qg.ptr)?;
+            self.product(k, Mat::NONE, t, s.normed.ptr, s.k.ptr)?;
+            self.product(v, Mat::NONE, t, s.normed.ptr, s.v.ptr)?;
             (s.k.ptr, s.v.ptr)
         };
         let mut a = Args::new();
@@ -193,7 +193,7 @@ impl CudaModel {
         } else {
             g.launch(g.k.attention, (t as u32, nq as u32, 1), 128, smem, &mut a)?;
         }
-        self.linear(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
+        self.product(o, Mat::NONE, t, s.att.ptr, s.delta.ptr)
     }
 
     /// Where the experts are mapped, a one-token step not replaying a routing, and the
@@ -298,8 +298,8 @@ impl CudaModel {
             self.linear(router, seg, 1, normed, rlog)?;
             rlog + e as u64 * 4
         } else {
-            self.linear(router, Mat::NONE, t, normed, rlog)?;
-            self.linear(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
+            self.product(router, Mat::NONE, t, normed, rlog)?;
+            self.product(seg, Mat::NONE, t, normed, self.s.sg.ptr)?;
             self.s.sg.ptr
         };
         // A replayed routing's experts for this layer: [t][k] ids on the GPU.
@@ -376,9 +376,9 @@ impl CudaModel {
                 flags.map(|f| (f.down(), f.need)),
             );
         }
-        self.linear(sgate, sup, t, normed, self.s.sgu.ptr)?;
+        self.product(sgate, sup, t, normed, self.s.sgu.ptr)?;
         self.swiglu(self.s.sgu.ptr, self.s.sh.ptr, t, is)?;
-        self.linear(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
+        self.product(sdown, Mat::NONE, t, self.s.sh.ptr, self.s.sout.ptr)?;
         if t == 1 {
             ops::qmv(&self.gpu, m.gate, m.up, tab, sel, k as i32, k, normed, gu)?;
             self.swiglu(gu, hb, k, i)?;

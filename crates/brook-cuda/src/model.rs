@@ -115,6 +115,9 @@ pub struct CudaModel {
     pub prefetch: bool,
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,
+    /// A chunk's dense products through the one-token kernels for each token
+    /// ([`CudaModel::product`]; `switches::prefill_tc`).
+    pub prefill_tc: bool,
     id: u64,
 }
 
@@ -244,6 +247,7 @@ impl CudaModel {
             batch: None,
             prefetch: crate::switches::prefetch(),
             prefetched: false,
+            prefill_tc: crate::switches::prefill_tc(),
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {
@@ -324,7 +328,7 @@ impl CudaModel {
         }
         if !graphed {
             let x = self.s.normed.ptr + ((t - rows) * h * 4) as u64;
-            self.linear(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
+            self.product(head, Mat::NONE, rows, x, self.s.logits.ptr)?;
         }
         let src = self.s.logits.ptr;
         if want == Logits::All {
@@ -370,6 +374,18 @@ impl CudaModel {
 
     pub(crate) fn linear(&self, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()> {
         ops::linear(&self.gpu, m1, m2, t, x, y)
+    }
+
+    /// A dense product of `t` tokens (m2's rows after m1's for each): one token as
+    /// [`CudaModel::linear`]; several through the one-token kernels for each token with
+    /// `prefill_tc` (the tensor cores where the matrices fit them, each weight tile decoded
+    /// once for up to eight tokens: `ops::qmv_stacked_n`), else the tiled kernel.
+    pub(crate) fn product(&self, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()> {
+        if t > 1 && self.prefill_tc {
+            ops::qmv_stacked_n(&self.gpu, [m1, m2, Mat::NONE, Mat::NONE], t, x, y)
+        } else {
+            self.linear(m1, m2, t, x, y)
+        }
     }
 
     pub(crate) fn norm(&self, x: u64, d: u64, w: u64, out: u64, rows: usize) -> Result<()> {

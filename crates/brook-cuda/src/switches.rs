@@ -82,6 +82,14 @@ pub fn grouped_blocks() -> (usize, usize) {
     )
 }
 
+/// `BROOK_CUDA_PREFILL_TC=0`: a prefill chunk's dense products (projections, shared
+/// experts, routers, a head of every token) run the tiled f32 kernel instead of the
+/// one-token kernels for each token (`ops::qmv_stacked_n`: the tensor cores where a matrix
+/// fits them, each weight tile decoded once for up to eight tokens).
+pub fn prefill_tc() -> bool {
+    on_unless_0("BROOK_CUDA_PREFILL_TC")
+}
+
 /// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
 /// pick or its most likely candidates (`Logits::Best`, `Logits::Top`), instead of the pick
 /// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the
