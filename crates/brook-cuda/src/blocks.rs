@@ -430,11 +430,16 @@ impl CudaModel {
                 if !self.experts.fixed() {
                     self.experts.prepare(&self.model, layer, ids)?;
                 }
-                ops::qmm(
+                let qmm = if self.prefill_tc {
+                    crate::grouped::qmm_experts
+                } else {
+                    ops::qmm
+                };
+                qmm(
                     &self.gpu, m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e,
                 )?;
                 self.swiglu(gu, hb, t * k, i)?;
-                ops::qmm(
+                qmm(
                     &self.gpu,
                     m.down,
                     Mat::NONE,

@@ -41,10 +41,8 @@ pub struct CudaOptions {
     /// Capture decode steps as CUDA graphs where possible.
     pub graphs: bool,
     /// Chunks of 2 to this many tokens run one token at a time through the decode kernels
-    /// (0: never). The tiled prefill kernels cost about one 64-token tile whatever the
-    /// chunk's length: on the H200 with the 35B, 170 ms for 5 tokens and 219 ms for 13
-    /// (a chat's generation prompt, a conversation's next message), against 5 ms a decode
-    /// step.
+    /// (0: never), so that beside other sequences they join their batched steps (batch.rs
+    /// `step_rounds`); [`SMALL_CHUNK`] by default.
     pub small_chunk: usize,
     /// Most sequences a step takes (several decoded tokens run as one batched step where
     /// every expert is resident, batch.rs).
@@ -541,11 +539,13 @@ impl CudaModel {
 /// (docs/CUDA.md); a longer `prefill_chunk` runs as chunks of this size.
 pub const MAX_CHUNK: usize = 256;
 
-/// The default [`CudaOptions::small_chunk`]: a 32-token chunk as decode steps (about 4 ms a
-/// token replayed from the graph, 5 ms unrecorded: 80 ms for 16 tokens on the H200 with the
-/// 35B) still beats one tile of the prefill kernels (170-220 ms), and beside other sequences
-/// its tokens join their batched steps (batch.rs `step_rounds`).
-pub const SMALL_CHUNK: usize = 32;
+/// The default [`CudaOptions::small_chunk`]: none. With the chunk's products on the tensor
+/// cores ([`CudaModel::prefill_tc`]) a chunk of 4 to 32 tokens prefills faster than its
+/// tokens as decode steps (H100, resident 35B, `brook bench`: pp4 147-171 → 173-177 tok/s,
+/// pp8 204-214 → 302-319, pp32 334-343 → 985-1117; pp2 a tie), and `serve --parallel 16`
+/// with 32-token prompts streamed 338 → 367 tok/s alone, 1190 → 1275 sixteen at once
+/// (docs/bench/2026-12-07.md, "seventh session"). `BROOK_CUDA_SMALL_CHUNK` sets another.
+pub const SMALL_CHUNK: usize = 0;
 
 /// Most sequences one step of the CUDA engine takes.
 pub const MAX_SEQS: usize = 64;
@@ -557,6 +557,7 @@ pub const MAX_SEQS: usize = 64;
 pub fn cuda_options(o: &OpenOptions) -> CudaOptions {
     CudaOptions {
         graphs: crate::switches::graphs(),
+        small_chunk: crate::switches::small_chunk(),
         gpu_memory_budget: o.gpu_memory_budget,
         max_chunk: o.prefill_chunk.clamp(1, MAX_CHUNK),
         context: o.context.max(1),

@@ -6,7 +6,7 @@ use crate::gpu::{Args, Gpu};
 use crate::weights::Mat;
 
 /// Warps per block of the matrix-vector kernels.
-const QMV_WARPS: usize = 8;
+pub(crate) const QMV_WARPS: usize = 8;
 
 /// Bytes of shared memory for `n` activations in the kernels' padded layout (4 floats of
 /// padding after every 32; kernels/matvec.cu `pad`).
@@ -42,7 +42,7 @@ pub fn tc_fits(m: &Mat, tile: i32) -> bool {
 
 /// Whether every matrix of `ms` fits [`tc_fits`] in the format of the first (the kernels are
 /// instantiated for one scale type and group size per launch) and the GPU uses tensor cores.
-fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
+pub(crate) fn tc_all(g: &Gpu, ms: &[Mat], tile: i32) -> bool {
     let first = ms[0];
     g.tensor_cores()
         && ms.iter().all(|m| {

@@ -90,6 +90,13 @@ pub fn prefill_tc() -> bool {
     on_unless_0("BROOK_CUDA_PREFILL_TC")
 }
 
+/// `BROOK_CUDA_SMALL_CHUNK=N` (0 to 256): chunks of 2 to N tokens run a token at a time
+/// through the decode kernels (`CudaOptions::small_chunk`; 0: none), so that beside other
+/// sequences they join their batched steps; [`crate::model::SMALL_CHUNK`] by default.
+pub fn small_chunk() -> usize {
+    count_switch("BROOK_CUDA_SMALL_CHUNK", 0..=256, crate::model::SMALL_CHUNK)
+}
+
 /// `BROOK_CUDA_PICKS=0`: whole rows of logits come back where a sampler asked for its greedy
 /// pick or its most likely candidates (`Logits::Best`, `Logits::Top`), instead of the pick
 /// or the candidates made on the GPU (the baseline of docs/BENCH.md's "greedy picks on the

@@ -182,6 +182,58 @@ __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const 
                           });
 }
 
+
+// The routed experts of a prefill chunk on the tensor cores (ops.rs `qmm_experts`; the tiled
+// `qmm`'s grouped form): block (x, e) takes expert e's (token, pick) pairs pairs[offs[e] +
+// j], j < counts[e], eight at a time (input x[pair / xdiv], output y[pair]: the rows of m0,
+// then m1's, at the expert's slot tab[e]; an expert without one is skipped), each weight tile
+// read once for the eight. Every expert takes the same operations whichever tier holds it,
+// so a chunk's bits do not depend on the tiers. Dynamic shared memory as qmv_tcn8's.
+template <int ST, int G>
+__device__ void qmm_tcn_body(const Mat& m0, const Mat& m1, const u64* __restrict__ tab,
+                             const int* __restrict__ counts, const int* __restrict__ offs,
+                             const int* __restrict__ pairs, int xdiv, int split,
+                             const float* __restrict__ x, float* __restrict__ y, uint4* tcs) {
+    constexpr int NV = 8;
+    int e = blockIdx.y;
+    PDL_SYNC();
+    int count = counts[e];
+    u64 base = count > 0 ? tab[e] : 0;
+    if (base == 0) return;
+    const int* pl = pairs + offs[e];
+    int K = m0.cols, nch = K >> 7;
+    uint4* fr = tcs;
+    float* sx = (float*)(tcs + NV * nch * TC_CHUNK_U4);
+    float* part = sx + NV * (K >> 6);
+    int rows = m0.rows + m1.rows, tiles = rows >> 4;
+    int g = (threadIdx.x & 31) >> 2;
+    // A tile lies inside m0 or inside m1 (each a multiple of 16 rows).
+    auto rows_of = [&](int tile, TcRow (&row)[2]) {
+        int r = tile * 16 + g;
+        bool first = r < m0.rows;
+        TcRow a0 = tc_row<ST, G>(m0, base, r), a1 = tc_row<ST, G>(m0, base, r + 8);
+        TcRow b0 = tc_row<ST, G>(m1, base, r - m0.rows), b1 = tc_row<ST, G>(m1, base, r + 8 - m0.rows);
+        row[0] = first ? a0 : b0;
+        row[1] = first ? a1 : b1;
+    };
+    for (int v0 = 0; v0 < count; v0 += NV) {
+        int n = min(NV, count - v0);
+        TcLoads<ST, G> f;
+        bool issued = tc_first<ST, G>(tiles, split, nch, f, rows_of);
+        if (v0 > 0) __syncthreads();   // the last group's fragments and sums are read
+        for (int j = 0; j < n; j++)
+            tc_stage(x + (long long)(pl[v0 + j] / xdiv) * K, 0, 1, K,
+                     fr + (long long)j * nch * TC_CHUNK_U4, sx + j * (K >> 6));
+        __syncthreads();
+        tc_tiles_n<ST, G, NV>(tiles, split, nch, n, fr, sx, part, f, issued, rows_of,
+                              [&](int tile, int v, const float (&o)[2]) {
+                                  float* yv = y + (long long)pl[v0 + v] * rows;
+                                  yv[tile * 16 + g] = o[0];
+                                  yv[tile * 16 + g + 8] = o[1];
+                              });
+    }
+}
+
 #endif
 
 // qmv_tc for up to NV vectors a block (see qmv_tcn_body): qmv_tcn2, qmv_tcn4 and qmv_tcn8,
@@ -198,3 +250,12 @@ __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const 
 QMV_TCN(2)
 QMV_TCN(4)
 QMV_TCN(8)
+
+// qmm_tcn_body's kernel (the prefill's routed experts, eight pairs of an expert at a time).
+extern "C" __global__ void __launch_bounds__(256, 1)
+    qmm_tcn8(Mat m0, Mat m1, const u64* __restrict__ tab, const int* __restrict__ counts,
+             const int* __restrict__ offs, const int* __restrict__ pairs, int xdiv, int split,
+             const float* __restrict__ x, float* __restrict__ y) {
+#define QMM_TCN(ST, G) qmm_tcn_body<ST, G>(m0, m1, tab, counts, offs, pairs, xdiv, split, x, y, tcs)
+    TC_DISPATCH(m0, QMM_TCN);
+}

@@ -151,7 +151,8 @@ fn moe_kernels_for_several_tokens_give_each_its_own_bits() {
     g.use_tensor_cores(true);
 }
 
-/// A CUDA engine for `seqs` sequences a step, chunks of [`CHUNK`].
+/// A CUDA engine for `seqs` sequences a step, chunks of [`CHUNK`], each of at most 32 tokens
+/// a token at a time (joining the other sequences' batched steps: batch.rs `step_rounds`).
 pub(crate) fn cuda_seqs(model: &Arc<Model>, seqs: usize) -> CudaModel {
     CudaModel::new(
         model.clone(),
@@ -159,6 +160,7 @@ pub(crate) fn cuda_seqs(model: &Arc<Model>, seqs: usize) -> CudaModel {
             max_chunk: CHUNK,
             context: 64,
             max_seqs: seqs,
+            small_chunk: 32,
             ..Default::default()
         },
     )
@@ -167,7 +169,7 @@ pub(crate) fn cuda_seqs(model: &Arc<Model>, seqs: usize) -> CudaModel {
 
 /// Random weights whose every dense matrix and expert takes the tensor-core kernels (widths
 /// of 512, 4-bit groups of 64 with bf16 scales).
-fn tensor_core_model(dir: &std::path::Path) -> Arc<Model> {
+pub(crate) fn tensor_core_model(dir: &std::path::Path) -> Arc<Model> {
     use brook_core::container::repack::repack;
     use brook_core::synth::{SynthModel, preset_config};
     let mut cfg = preset_config("tiny").expect("tiny");
@@ -244,6 +246,7 @@ fn cuda_steps_of_several_sequences_give_each_its_own_bits() {
                     max_chunk: CHUNK,
                     context: 64,
                     max_seqs,
+                    small_chunk: 32,
                     expert_slots: Some(total / 2),
                     host_budget: Some(64 << 30),
                     ..Default::default()

@@ -37,7 +37,7 @@ fn fixtures_logits_and_greedy_tokens_match_on_the_gpu() {
             .forward(&mut model.new_state(), &tokens, Logits::All, None)
             .expect("reference");
         // Chunks of 7 through the tiled kernels, then one token at a time (small chunks).
-        for (chunk, small) in [(256, 0), (7, 0), (7, brook_cuda::model::SMALL_CHUNK)] {
+        for (chunk, small) in [(256, 0), (7, 0), (7, 32)] {
             let mut g = cuda_small(&model, None, chunk, small);
             let mut st = model.new_state();
             let got = g
@@ -266,5 +266,70 @@ fn a_replayed_routing_gives_the_cpus_logits_on_the_gpu_resident_and_streamed() {
             .expect("plain")
             .to_vec();
         assert!(rel_l2(&plain, &want[..plain.len()]) > 1e-3, "{name}");
+    }
+}
+
+/// A prefill chunk whose matrices all take the tensor cores: the dense products through the
+/// one-token kernels for each token and the routed experts grouped by expert
+/// (`CudaModel::prefill_tc`, kernels/tensor_n.cu `qmm_tcn8`) match the reference pass as the
+/// tiled kernels do, and give the same bits with the experts resident, streamed or mapped.
+#[test]
+fn prefill_on_the_tensor_cores_matches_the_reference_on_every_tier() {
+    if gpu().is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("tmp");
+    let model = super::batch::tensor_core_model(dir.path());
+    let cfg = &model.cfg;
+    let total = cfg.num_hidden_layers * cfg.num_experts;
+    let vocab = cfg.vocab_size as u64;
+    let mut rng = Rng::new(7);
+    // Three chunks of 16 and one of 8: experts with one pair and with more than eight.
+    let tokens: Vec<u32> = (0..56).map(|_| (rng.next_u64() % vocab) as u32).collect();
+    let want = model
+        .forward(&mut model.new_state(), &tokens, Logits::All, None)
+        .expect("reference");
+    let run = |slots: Option<usize>, host: Option<u64>, tc: bool| {
+        let mut g = CudaModel::new(
+            model.clone(),
+            CudaOptions {
+                expert_slots: slots,
+                max_chunk: 16,
+                context: 64,
+                small_chunk: 0,
+                host_budget: host,
+                ..Default::default()
+            },
+        )
+        .expect("cuda model");
+        g.prefill_tc = tc;
+        let mut st = model.new_state();
+        let out = g
+            .forward(&mut st, &tokens, Logits::All)
+            .expect("prefill")
+            .to_vec();
+        (out, g.experts.resident, g.experts.mapped)
+    };
+    let (tiles, resident, _) = run(None, None, false);
+    assert!(resident, "the default budget holds the experts");
+    let (tc, _, _) = run(None, None, true);
+    let (e_tiles, e_tc) = (rel_l2(&tiles, &want), rel_l2(&tc, &want));
+    eprintln!("prefill against the reference: tiles {e_tiles:.2e}, tensor cores {e_tc:.2e}");
+    assert!(e_tiles < 2e-5, "tiles: {e_tiles:.2e}");
+    assert!(e_tc < 2e-5, "tensor cores: {e_tc:.2e}");
+    assert!(
+        !super::batch::same_bits(&tiles, &tc),
+        "the tensor-core path did not run"
+    );
+    for slots in [cfg.num_experts_per_tok, total / 2] {
+        for host in [None, Some(64u64 << 30)] {
+            let (got, resident, mapped) = run(Some(slots), host, true);
+            assert!(!resident);
+            assert_eq!(mapped > 0, host.is_some(), "{slots} slots, host {host:?}");
+            assert!(
+                super::batch::same_bits(&tc, &got),
+                "{slots} slots, host {host:?}: the prefill's bits changed"
+            );
+        }
     }
 }
