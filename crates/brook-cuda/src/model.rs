@@ -113,8 +113,9 @@ pub struct CudaModel {
     pub prefetch: bool,
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,
-    /// A chunk's dense products through the one-token kernels for each token
-    /// ([`CudaModel::product`]; `switches::prefill_tc`).
+    /// A chunk's products on the tensor cores where the matrices take them: the dense ones
+    /// through the one-token kernels for each token ([`CudaModel::product`]), the routed
+    /// experts grouped by expert (`grouped::qmm_experts`); `switches::prefill_tc`.
     pub prefill_tc: bool,
     id: u64,
 }

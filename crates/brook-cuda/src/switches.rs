@@ -82,10 +82,12 @@ pub fn grouped_blocks() -> (usize, usize) {
     )
 }
 
-/// `BROOK_CUDA_PREFILL_TC=0`: a prefill chunk's dense products (projections, shared
-/// experts, routers, a head of every token) run the tiled f32 kernel instead of the
-/// one-token kernels for each token (`ops::qmv_stacked_n`: the tensor cores where a matrix
-/// fits them, each weight tile decoded once for up to eight tokens).
+/// `BROOK_CUDA_PREFILL_TC=0`: a prefill chunk's products run the tiled f32 kernel (`qmm`)
+/// instead of the tensor cores: the dense ones (projections, shared expert, router, a head
+/// over every token) through the one-token kernels for each token (`ops::qmv_stacked_n`,
+/// each weight tile decoded once for up to eight tokens), the routed experts eight of an
+/// expert's pairs a tile read (`grouped::qmm_experts`). pp512 of the 35B on an H100: 548 →
+/// 4,001-4,049 tok/s (docs/BENCH.md).
 pub fn prefill_tc() -> bool {
     on_unless_0("BROOK_CUDA_PREFILL_TC")
 }

@@ -182,8 +182,7 @@ __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const 
                           });
 }
 
-
-// The routed experts of a prefill chunk on the tensor cores (ops.rs `qmm_experts`; the tiled
+// The routed experts of a prefill chunk on the tensor cores (grouped.rs `qmm_experts`; the tiled
 // `qmm`'s grouped form): block (x, e) takes expert e's (token, pick) pairs pairs[offs[e] +
 // j], j < counts[e], eight at a time (input x[pair / xdiv], output y[pair]: the rows of m0,
 // then m1's, at the expert's slot tab[e]; an expert without one is skipped), each weight tile
@@ -212,7 +211,8 @@ __device__ void qmm_tcn_body(const Mat& m0, const Mat& m1, const u64* __restrict
         int r = tile * 16 + g;
         bool first = r < m0.rows;
         TcRow a0 = tc_row<ST, G>(m0, base, r), a1 = tc_row<ST, G>(m0, base, r + 8);
-        TcRow b0 = tc_row<ST, G>(m1, base, r - m0.rows), b1 = tc_row<ST, G>(m1, base, r + 8 - m0.rows);
+        TcRow b0 = tc_row<ST, G>(m1, base, r - m0.rows);
+        TcRow b1 = tc_row<ST, G>(m1, base, r + 8 - m0.rows);
         row[0] = first ? a0 : b0;
         row[1] = first ? a1 : b1;
     };
@@ -256,6 +256,7 @@ extern "C" __global__ void __launch_bounds__(256, 1)
     qmm_tcn8(Mat m0, Mat m1, const u64* __restrict__ tab, const int* __restrict__ counts,
              const int* __restrict__ offs, const int* __restrict__ pairs, int xdiv, int split,
              const float* __restrict__ x, float* __restrict__ y) {
-#define QMM_TCN(ST, G) qmm_tcn_body<ST, G>(m0, m1, tab, counts, offs, pairs, xdiv, split, x, y, tcs)
+#define QMM_TCN(ST, G) \
+    qmm_tcn_body<ST, G>(m0, m1, tab, counts, offs, pairs, xdiv, split, x, y, tcs)
     TC_DISPATCH(m0, QMM_TCN);
 }
