@@ -430,17 +430,13 @@ impl CudaModel {
                 if !self.experts.fixed() {
                     self.experts.prepare(&self.model, layer, ids)?;
                 }
-                let qmm = if self.prefill_tc {
-                    crate::grouped::qmm_experts
-                } else {
-                    ops::qmm
-                };
-                qmm(
-                    &self.gpu, m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e,
+                let (g, tc) = (&self.gpu, self.prefill_tc);
+                ops::qmm(
+                    g, m.gate, m.up, tab, counts, offs, pairs, k as i32, t, normed, gu, e, tc,
                 )?;
                 self.swiglu(gu, hb, t * k, i)?;
-                qmm(
-                    &self.gpu,
+                ops::qmm(
+                    g,
                     m.down,
                     Mat::NONE,
                     tab,
@@ -452,6 +448,7 @@ impl CudaModel {
                     hb,
                     ey,
                     e,
+                    tc,
                 )?;
             }
         }

@@ -131,52 +131,25 @@ pub fn moe(
     )
 }
 
-/// Tiles of 16 rows a block of [`qmm_experts`] takes (two a warp), against one staging of
-/// its expert's vectors.
+/// Tiles of 16 rows a block of the prefill's tensor-core expert products takes (two a
+/// warp), against one staging of its expert's vectors.
 const QMM_BLOCK_TILES: usize = 2 * ops::QMV_WARPS;
 
-/// The routed experts' products of a prefill chunk, grouped by expert (the arguments of
-/// [`ops::qmm`], `groups` experts): on the tensor cores where the matrices take them
-/// (kernels/tensor_n.cu `qmm_tcn8`: each weight tile read once for eight of an expert's
-/// pairs, the same operations whatever tier holds the expert), else the tiled kernel.
-#[allow(clippy::too_many_arguments)]
-pub fn qmm_experts(
+/// The grid and dynamic shared memory of kernels/tensor_n.cu `qmm_tcn8` over `groups`
+/// experts' pairs (the tensor-core form of [`ops::qmm`], which launches it: each weight tile
+/// read once for eight of an expert's pairs, the same operations whatever tier holds the
+/// expert), or `None` where the matrices don't take the tensor cores.
+pub(crate) fn qmm_tc_launch(
     g: &Gpu,
     m1: Mat,
     m2: Mat,
-    tab: u64,
-    counts: u64,
-    offs: u64,
-    pairs: u64,
-    xdiv: i32,
-    t: usize,
-    x: u64,
-    y: u64,
     groups: usize,
-) -> Result<()> {
-    let cols = m1.cols as usize;
-    let smem = ops::tc_smem(cols, 8) + 8 * ops::tc_part_bytes(ops::QMV_WARPS);
+) -> Option<((u32, u32, u32), u32)> {
+    let smem = ops::tc_smem(m1.cols as usize, 8) + 8 * ops::tc_part_bytes(ops::QMV_WARPS);
     if !ops::tc_all(g, &[m1, m2], 16) || smem > g.max_smem as usize {
-        return ops::qmm(g, m1, m2, tab, counts, offs, pairs, xdiv, t, x, y, groups);
+        return None;
     }
     let tiles = (m1.rows + m2.rows) as usize / 16;
     let bx = tiles.div_ceil(QMM_BLOCK_TILES).max(1) as u32;
-    let mut a = Args::new();
-    a.arg(m1)
-        .arg(m2)
-        .arg(tab)
-        .arg(counts)
-        .arg(offs)
-        .arg(pairs)
-        .arg(xdiv)
-        .arg(1i32)
-        .arg(x)
-        .arg(y);
-    g.launch(
-        g.k.qmm_tcn8,
-        (bx, groups as u32, 1),
-        256,
-        smem as u32,
-        &mut a,
-    )
+    Some(((bx, groups as u32, 1), smem as u32))
 }

@@ -115,7 +115,7 @@ pub struct CudaModel {
     pub(crate) prefetched: bool,
     /// A chunk's products on the tensor cores where the matrices take them: the dense ones
     /// through the one-token kernels for each token ([`CudaModel::product`]), the routed
-    /// experts grouped by expert (`grouped::qmm_experts`); `switches::prefill_tc`.
+    /// experts grouped by expert (`ops::qmm` with `tc`); `switches::prefill_tc`.
     pub prefill_tc: bool,
     id: u64,
 }

@@ -439,7 +439,9 @@ pub fn moe_down(
 }
 
 /// The tiled product for many vectors: `t` tokens (dense), or with `tab` the (token, k)
-/// pairs of each of `groups` experts (see kernels/matmul.cu `qmm`).
+/// pairs of each of `groups` experts (see kernels/matmul.cu `qmm`); with `tc`, experts whose
+/// matrices take the tensor cores run their pairs eight at a time there instead
+/// (`grouped::qmm_tc_launch`).
 #[allow(clippy::too_many_arguments)]
 pub fn qmm(
     g: &Gpu,
@@ -454,6 +456,7 @@ pub fn qmm(
     x: u64,
     y: u64,
     groups: usize,
+    tc: bool,
 ) -> Result<()> {
     let rows = (m1.rows + m2.rows) as u32;
     let mut a = Args::new();
@@ -463,10 +466,16 @@ pub fn qmm(
         .arg(counts)
         .arg(offs)
         .arg(pairs)
-        .arg(xdiv)
-        .arg(t as i32)
-        .arg(x)
-        .arg(y);
+        .arg(xdiv);
+    let tc = (tc && tab != 0)
+        .then(|| crate::grouped::qmm_tc_launch(g, m1, m2, groups))
+        .flatten();
+    if let Some((grid, smem)) = tc {
+        // Its one split of a row (the whole row a warp) where the tiles take `t`.
+        a.arg(1i32).arg(x).arg(y);
+        return g.launch(g.k.qmm_tcn8, grid, 256, smem, &mut a);
+    }
+    a.arg(t as i32).arg(x).arg(y);
     g.launch(
         g.k.qmm,
         (rows.div_ceil(64), (t as u32).div_ceil(64), groups as u32),
@@ -482,7 +491,7 @@ pub fn linear(g: &Gpu, m1: Mat, m2: Mat, t: usize, x: u64, y: u64) -> Result<()>
     if t == 1 {
         qmv(g, m1, m2, 0, 0, 1, 1, x, y)
     } else {
-        qmm(g, m1, m2, 0, 0, 0, 0, 1, t, x, y, 1)
+        qmm(g, m1, m2, 0, 0, 0, 0, 1, t, x, y, 1, false)
     }
 }
 

@@ -86,7 +86,7 @@ pub fn grouped_blocks() -> (usize, usize) {
 /// instead of the tensor cores: the dense ones (projections, shared expert, router, a head
 /// over every token) through the one-token kernels for each token (`ops::qmv_stacked_n`,
 /// each weight tile decoded once for up to eight tokens), the routed experts eight of an
-/// expert's pairs a tile read (`grouped::qmm_experts`). pp512 of the 35B on an H100: 548 →
+/// expert's pairs a tile read (`ops::qmm` with `tc`). pp512 of the 35B on an H100: 548 →
 /// 4,001-4,049 tok/s (docs/BENCH.md).
 pub fn prefill_tc() -> bool {
     on_unless_0("BROOK_CUDA_PREFILL_TC")

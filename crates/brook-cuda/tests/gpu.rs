@@ -173,7 +173,7 @@ fn matrix_kernels_match_the_reference_on_random_inputs() {
                 // Both kernels at every t: one warp per row per vector, and the tiled one.
                 for tiled in [false, true] {
                     if tiled {
-                        ops::qmm(&g, m, Mat::NONE, 0, 0, 0, 0, 1, t, xd.ptr, yd.ptr, 1)
+                        ops::qmm(&g, m, Mat::NONE, 0, 0, 0, 0, 1, t, xd.ptr, yd.ptr, 1, false)
                     } else {
                         ops::qmv(&g, m, Mat::NONE, 0, 0, 1, t, xd.ptr, yd.ptr)
                     }

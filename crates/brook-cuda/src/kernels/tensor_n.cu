@@ -182,7 +182,7 @@ __device__ void qmv_tcn_body(const Mat& m0, const Mat& m1, const Mat& m2, const 
                           });
 }
 
-// The routed experts of a prefill chunk on the tensor cores (grouped.rs `qmm_experts`; the tiled
+// The routed experts of a prefill chunk on the tensor cores (ops.rs `qmm` with `tc`; the tiled
 // `qmm`'s grouped form): block (x, e) takes expert e's (token, pick) pairs pairs[offs[e] +
 // j], j < counts[e], eight at a time (input x[pair / xdiv], output y[pair]: the rows of m0,
 // then m1's, at the expert's slot tab[e]; an expert without one is skipped), each weight tile
