@@ -114,7 +114,7 @@ pub struct CudaModel {
     /// A prefetch is queued for the layer being queued.
     pub(crate) prefetched: bool,
     /// A chunk's products on the tensor cores where the matrices take them: the dense ones
-    /// through the one-token kernels for each token ([`CudaModel::product`]), the routed
+    /// through the one-token kernels for each token (`CudaModel::product`), the routed
     /// experts grouped by expert (`ops::qmm` with `tc`); `switches::prefill_tc`.
     pub prefill_tc: bool,
     id: u64,
