@@ -346,7 +346,7 @@ impl Llm {
     pub fn tokenizer(&self) -> Result<&Arc<Tokenizer>> {
         self.tokenizer.as_ref().ok_or_else(|| {
             Error::Invalid(format!(
-                "{} has no tokenizer.json; text needs one (token ids work without)",
+                "{} has no tokenizer.json; reading or writing text needs one (add the model's tokenizer.json there; `brook generate --prompt-tokens` runs on token ids without it)",
                 self.dir.display()
             ))
         })
