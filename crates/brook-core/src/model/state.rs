@@ -222,6 +222,56 @@ impl SeqState {
         }
     }
 
+    /// A fresh sequence whose (cleared) state `device` holds: the host layers are only the
+    /// layout, as in any device-held state, so nothing is written on the host.
+    pub fn held(cfg: &ModelConfig, device: Box<dyn DeviceState>) -> Self {
+        let layers = (cfg.layer_types.iter())
+            .map(|k| match k {
+                LayerKind::Linear => LayerState::Linear {
+                    conv: Vec::new(),
+                    ssm: Vec::new(),
+                },
+                LayerKind::Full => LayerState::Full {
+                    keys: Vec::new(),
+                    values: Vec::new(),
+                },
+            })
+            .collect();
+        SeqState {
+            pos: 0,
+            layers,
+            device: Some(device),
+        }
+    }
+
+    /// Makes this a fresh sequence again in place where the host holds the state: the
+    /// recurrent states zeroed in the pages they already have and the caches emptied with
+    /// their room kept, instead of a new state's fresh pages. Says whether it could; a
+    /// device-held state is left as it is.
+    pub fn clear_host(&mut self) -> bool {
+        let sized = self.layers.iter().all(|l| match l {
+            LayerState::Linear { conv, ssm } => !conv.is_empty() && !ssm.is_empty(),
+            LayerState::Full { .. } => true,
+        });
+        if self.device.is_some() || !sized {
+            return false;
+        }
+        for l in &mut self.layers {
+            match l {
+                LayerState::Linear { conv, ssm } => {
+                    conv.fill(0.0);
+                    ssm.fill(0.0);
+                }
+                LayerState::Full { keys, values } => {
+                    keys.clear();
+                    values.clear();
+                }
+            }
+        }
+        self.pos = 0;
+        true
+    }
+
     /// Brings a device-held state back into `layers` and lets go of the device copy, so the
     /// CPU paths can continue the sequence.
     pub fn sync_host(&mut self) -> Result<()> {
@@ -361,5 +411,48 @@ mod tests {
                 ssm: vec![5.0; 4]
             }
         );
+    }
+
+    #[test]
+    fn a_host_state_clears_in_place_and_a_device_held_one_does_not() {
+        let mut s = SeqState {
+            pos: 2,
+            layers: vec![
+                LayerState::Linear {
+                    conv: vec![1.0; 2],
+                    ssm: vec![2.0; 4],
+                },
+                LayerState::Full {
+                    keys: vec![3.0; 8],
+                    values: vec![4.0; 8],
+                },
+            ],
+            device: None,
+        };
+        assert!(s.clear_host());
+        assert_eq!(s.pos, 0);
+        assert_eq!(
+            s.layers,
+            vec![
+                LayerState::Linear {
+                    conv: vec![0.0; 2],
+                    ssm: vec![0.0; 4],
+                },
+                LayerState::Full {
+                    keys: vec![],
+                    values: vec![],
+                },
+            ]
+        );
+        let mut held = state(Full(Some(1.0)));
+        assert!(!held.clear_host());
+        assert_eq!(held.pos, 3, "left as it is");
+        // Only the layout on the host (a device-held state's copy): nothing to clear into.
+        held.device = None;
+        held.layers = vec![LayerState::Linear {
+            conv: vec![],
+            ssm: vec![],
+        }];
+        assert!(!held.clear_host());
     }
 }

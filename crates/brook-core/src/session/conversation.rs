@@ -64,12 +64,24 @@ impl Session {
 
     /// Forgets the conversation and the state.
     pub fn reset(&mut self) {
-        self.state = self.llm.new_state();
+        self.snapshot = None;
+        self.renew_state();
         self.fed.clear();
         self.messages.clear();
         self.text.clear();
-        self.snapshot = None;
         self.snapshot_at = None;
+    }
+
+    /// A fresh state: this one cleared in place where the host holds it (the 35B's 60 MB of
+    /// recurrent state zeroed in 8 ms against 65 ms for new pages, 2-core development VM),
+    /// else let go of before a new one is taken, so that an engine that keeps ended
+    /// sequences' states (the GPU's) hands this one's back at once.
+    fn renew_state(&mut self) {
+        if self.state.clear_host() {
+            return;
+        }
+        self.state = SeqState::empty();
+        self.state = self.llm.new_state();
     }
 
     /// Replaces the conversation history (e.g. an API request's earlier messages). The model
@@ -128,10 +140,10 @@ impl Session {
             Err(e) => {
                 // The state may hold part of the prompt: drop it rather than let text and
                 // state disagree, and take the message back so a retry starts clean.
-                self.state = self.llm.new_state();
+                self.snapshot = None;
+                self.renew_state();
                 self.fed.clear();
                 self.text.clear();
-                self.snapshot = None;
                 self.snapshot_at = None;
                 self.messages.pop();
                 return Err(e);
@@ -173,7 +185,7 @@ impl Session {
                 self.snapshot = Some(snap);
             }
             _ => {
-                self.state = self.llm.new_state();
+                self.renew_state();
                 self.fed.clear();
                 self.text.clear();
             }
