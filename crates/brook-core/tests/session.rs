@@ -273,3 +273,25 @@ fn a_deadline_stops_a_prefill_with_an_error_and_a_generation_with_length() {
         .expect("generate");
     assert_eq!(c.tokens.len(), 5);
 }
+
+/// A reset session (its state cleared in place) answers as a new session does, and as it did
+/// itself before anything was fed.
+#[test]
+fn a_reset_session_answers_as_a_new_one() {
+    let llm = llm();
+    let opts = greedy(12);
+    let ask = Message::new("user", "Name three colours.");
+    let want = llm.session().chat(ask.clone(), &opts, &mut |_| {});
+    let want = want.expect("new session").tokens;
+    let mut s = llm.session();
+    s.chat(Message::new("user", "Count to ten."), &opts, &mut |_| {})
+        .expect("first turn");
+    for round in 0..2 {
+        s.reset();
+        let got = s
+            .chat(ask.clone(), &opts, &mut |_| {})
+            .expect("after reset");
+        assert_eq!(got.usage.cached_tokens, 0, "round {round}: nothing kept");
+        assert_eq!(got.tokens, want, "round {round}");
+    }
+}

@@ -117,8 +117,6 @@ pub struct CudaModel {
     /// through the one-token kernels for each token (`CudaModel::product`), the routed
     /// experts grouped by expert (`ops::qmm` with `tc`); `switches::prefill_tc`.
     pub prefill_tc: bool,
-    /// Ended sequences' states, kept for the next ones (state.rs).
-    pub(crate) spares: Arc<std::sync::Mutex<crate::state::Spares>>,
     id: u64,
 }
 
@@ -226,13 +224,6 @@ impl CudaModel {
             }
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
-        let spares = crate::state::Spares::new(opts.max_seqs.max(1));
-        let kept = Arc::downgrade(&spares);
-        let reclaim = move || {
-            kept.upgrade()
-                .is_some_and(|p| crate::state::Spares::release(&p))
-        };
-        gpu.set_reclaim(crate::gpu::Reclaim(Box::new(reclaim)));
         let mut m = CudaModel {
             out: Vec::new(),
             model,
@@ -256,7 +247,6 @@ impl CudaModel {
             prefetch: crate::switches::prefetch(),
             prefetched: false,
             prefill_tc: crate::switches::prefill_tc(),
-            spares,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {

@@ -107,8 +107,7 @@ impl Llm {
             Ok(v)
         };
         let load_state = |prefix: &str| -> Result<SeqState> {
-            // The host layout, which the engine uploads when it takes the state.
-            let mut state = self.model.new_state();
+            let mut state = self.new_state();
             for (i, l) in state.layers.iter_mut().enumerate() {
                 match l {
                     LayerState::Linear { conv, ssm } => {
