@@ -23,6 +23,29 @@ fn cuda_small(model: &Arc<Model>, slots: Option<usize>, chunk: usize, small: usi
     .expect("cuda model")
 }
 
+/// A CUDA engine with chunks of 16 (none run a token at a time) on the tiers asked for:
+/// `slots` expert slots (None: as many as the budget holds), `host` a host budget for mapped
+/// experts (None: the rest stream a layer at a time).
+fn cuda_tiers(
+    model: &Arc<Model>,
+    slots: Option<usize>,
+    host: Option<u64>,
+    context: usize,
+) -> CudaModel {
+    CudaModel::new(
+        model.clone(),
+        CudaOptions {
+            expert_slots: slots,
+            max_chunk: 16,
+            context,
+            small_chunk: 0,
+            host_budget: host,
+            ..Default::default()
+        },
+    )
+    .expect("cuda model")
+}
+
 #[test]
 fn fixtures_logits_and_greedy_tokens_match_on_the_gpu() {
     if gpu().is_none() {
@@ -86,18 +109,7 @@ fn output_is_identical_for_every_gpu_cache_size() {
         let tokens = Reference::open(name).ids("tokens");
         // `host`: a host budget for mapped experts (None: they stream a layer at a time).
         let run = |slots: Option<usize>, graphs: bool, host: Option<u64>, prefetch: bool| {
-            let mut g = CudaModel::new(
-                model.clone(),
-                CudaOptions {
-                    expert_slots: slots,
-                    max_chunk: 16,
-                    context: 256,
-                    small_chunk: 0,
-                    host_budget: host,
-                    ..Default::default()
-                },
-            )
-            .expect("cuda model");
+            let mut g = cuda_tiers(&model, slots, host, 256);
             g.graphs = graphs;
             g.prefetch = prefetch;
             let mut st = model.new_state();
@@ -290,18 +302,7 @@ fn prefill_on_the_tensor_cores_matches_the_reference_on_every_tier() {
         .forward(&mut model.new_state(), &tokens, Logits::All, None)
         .expect("reference");
     let run = |slots: Option<usize>, host: Option<u64>, tc: bool| {
-        let mut g = CudaModel::new(
-            model.clone(),
-            CudaOptions {
-                expert_slots: slots,
-                max_chunk: 16,
-                context: 64,
-                small_chunk: 0,
-                host_budget: host,
-                ..Default::default()
-            },
-        )
-        .expect("cuda model");
+        let mut g = cuda_tiers(&model, slots, host, 64);
         g.prefill_tc = tc;
         let mut st = model.new_state();
         let out = g
