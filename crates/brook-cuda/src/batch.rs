@@ -196,12 +196,11 @@ impl CudaModel {
     /// fails: then it runs unrecorded.
     fn capture_batch(&mut self, b: &BatchBufs, n: usize, layers: usize) -> Option<Graph> {
         let then = "batched steps run unrecorded";
-        Graph::capture(self.gpu.stream, then, || self.enqueue_batch(b, n, layers)).unwrap_or_else(
-            |e| {
-                tracing::warn!("{e}; {then}");
-                None
-            },
-        )
+        let gpu = self.gpu.clone();
+        Graph::capture(&gpu, then, || self.enqueue_batch(b, n, layers)).unwrap_or_else(|e| {
+            tracing::warn!("{e}; {then}");
+            None
+        })
     }
 
     /// Queues the staged inputs' copies, every layer and the head for `n` sequences.

@@ -28,6 +28,22 @@ impl Engine for CudaModel {
         }
     }
 
+    /// A state on the GPU already, cleared there (an ended sequence's buffers where one is
+    /// kept), so a new sequence uploads nothing; the host layout if the GPU cannot make one
+    /// now, which `place` then uploads (or reports why not).
+    fn new_state(&self, _reserve_tokens: usize) -> SeqState {
+        let made = self.gpu.bind().and_then(|()| {
+            DeviceSeq::fresh(&self.gpu, &self.model.cfg, self.opts.context, &self.spares)
+        });
+        match made {
+            Ok(d) => SeqState::held(&self.model.cfg, Box::new(d)),
+            Err(e) => {
+                tracing::debug!("a new sequence's state starts on the host: {e}");
+                self.model.new_state()
+            }
+        }
+    }
+
     fn place(&mut self, state: &mut SeqState, tokens: usize) -> Result<()> {
         self.gpu.bind()?;
         if state.pos + tokens > self.opts.context {
@@ -42,7 +58,8 @@ impl Engine for CudaModel {
             .is_some_and(|d| d.as_any_mut().downcast_mut::<DeviceSeq>().is_some());
         if !ours {
             state.sync_host()?;
-            let d = DeviceSeq::from_host(&self.gpu, &self.model.cfg, state, self.opts.context)?;
+            let (cfg, context) = (&self.model.cfg, self.opts.context);
+            let d = DeviceSeq::from_host(&self.gpu, cfg, state, context, &self.spares)?;
             state.device = Some(Box::new(d));
         }
         Ok(())

@@ -93,6 +93,18 @@ pub struct Gpu {
     /// Events of the fork and of the join.
     forked: sys::CUevent,
     joined: sys::CUevent,
+    /// Lets go of memory held for later (see [`Gpu::set_reclaim`]).
+    reclaim: std::sync::Mutex<Option<Reclaim>>,
+}
+
+/// What an allocation that would fail calls first: frees memory kept for reuse and says
+/// whether it freed any.
+pub struct Reclaim(pub Box<dyn Fn() -> bool + Send + Sync>);
+
+impl std::fmt::Debug for Reclaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Reclaim")
+    }
 }
 
 // SAFETY: the context, stream and module handles are plain driver handles, valid from any
@@ -198,6 +210,7 @@ impl Gpu {
             after_kernel: AtomicBool::new(false),
             side,
             on_side: AtomicBool::new(false),
+            reclaim: std::sync::Mutex::new(None),
             forked,
             joined,
         }))
@@ -239,8 +252,28 @@ impl Gpu {
         self.used.load(Ordering::Relaxed)
     }
 
+    /// Sets what [`Gpu::alloc`] calls before it fails (past the budget or out of device
+    /// memory), then tries once more if that freed anything.
+    pub fn set_reclaim(&self, r: Reclaim) {
+        *self.reclaim.lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+    }
+
     /// Allocates `bytes` of device memory, refusing past the budget.
     pub fn alloc(self: &Arc<Self>, bytes: usize, what: &str) -> Result<DevBuf> {
+        match self.alloc_once(bytes, what) {
+            Err(e) => {
+                let r = self.reclaim.lock().unwrap_or_else(|p| p.into_inner());
+                if r.as_ref().is_some_and(|r| (r.0)()) {
+                    drop(r);
+                    return self.alloc_once(bytes, what);
+                }
+                Err(e)
+            }
+            ok => ok,
+        }
+    }
+
+    fn alloc_once(self: &Arc<Self>, bytes: usize, what: &str) -> Result<DevBuf> {
         let bytes = bytes.max(4);
         let now = self.used.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
         if now > self.budget {

@@ -117,6 +117,8 @@ pub struct CudaModel {
     /// through the one-token kernels for each token (`CudaModel::product`), the routed
     /// experts grouped by expert (`ops::qmm` with `tc`); `switches::prefill_tc`.
     pub prefill_tc: bool,
+    /// Ended sequences' states, kept for the next ones (state.rs).
+    pub(crate) spares: Arc<std::sync::Mutex<crate::state::Spares>>,
     id: u64,
 }
 
@@ -224,6 +226,13 @@ impl CudaModel {
             }
         );
         let host_in = Pinned::new(&gpu, (opts.max_chunk + 4) * 4)?;
+        let spares = crate::state::Spares::new(opts.max_seqs.max(1));
+        let kept = Arc::downgrade(&spares);
+        let reclaim = move || {
+            kept.upgrade()
+                .is_some_and(|p| crate::state::Spares::release(&p))
+        };
+        gpu.set_reclaim(crate::gpu::Reclaim(Box::new(reclaim)));
         let mut m = CudaModel {
             out: Vec::new(),
             model,
@@ -247,6 +256,7 @@ impl CudaModel {
             prefetch: crate::switches::prefetch(),
             prefetched: false,
             prefill_tc: crate::switches::prefill_tc(),
+            spares,
             id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
         };
         if opts.max_seqs > 1 {
@@ -445,8 +455,8 @@ impl CudaModel {
         let fresh = !matches!(&dev.graph, Some((id, _)) if *id == self.id);
         if fresh {
             dev.graph = None;
-            let stream = self.gpu.stream;
-            let graph = Graph::capture(stream, "decoding without graphs", || {
+            let gpu = self.gpu.clone();
+            let graph = Graph::capture(&gpu, "decoding without graphs", || {
                 self.enqueue_inputs(1)?;
                 self.enqueue_layers(dev, 1)?;
                 self.linear(

@@ -222,6 +222,28 @@ impl SeqState {
         }
     }
 
+    /// A fresh sequence whose (cleared) state `device` holds: the host layers are only the
+    /// layout, as in any device-held state, so nothing is written on the host.
+    pub fn held(cfg: &ModelConfig, device: Box<dyn DeviceState>) -> Self {
+        let layers = (cfg.layer_types.iter())
+            .map(|k| match k {
+                LayerKind::Linear => LayerState::Linear {
+                    conv: Vec::new(),
+                    ssm: Vec::new(),
+                },
+                LayerKind::Full => LayerState::Full {
+                    keys: Vec::new(),
+                    values: Vec::new(),
+                },
+            })
+            .collect();
+        SeqState {
+            pos: 0,
+            layers,
+            device: Some(device),
+        }
+    }
+
     /// Makes this a fresh sequence again in place where the host holds the state: the
     /// recurrent states zeroed in the pages they already have and the caches emptied with
     /// their room kept, instead of a new state's fresh pages. Says whether it could; a

@@ -107,7 +107,8 @@ impl Llm {
             Ok(v)
         };
         let load_state = |prefix: &str| -> Result<SeqState> {
-            let mut state = self.new_state();
+            // The host layout, which the engine uploads when it takes the state.
+            let mut state = self.model.new_state();
             for (i, l) in state.layers.iter_mut().enumerate() {
                 match l {
                     LayerState::Linear { conv, ssm } => {

@@ -334,3 +334,90 @@ fn prefill_on_the_tensor_cores_matches_the_reference_on_every_tier() {
         }
     }
 }
+
+/// A new sequence after an ended one takes the ended one's buffers and decode graph back,
+/// cleared: its logits are bit for bit those of a state uploaded from the host. A copy made
+/// into kept buffers continues as its original does, and kept buffers give way to an
+/// allocation that needs their room.
+#[test]
+fn ended_sequences_states_are_reused_cleared_and_give_way() {
+    use brook_core::engine::Engine;
+    use brook_core::model::state::SeqState;
+    if gpu().is_none() {
+        return;
+    }
+    let name = MODELS[0];
+    let model = Arc::new(Model::open(&fixture(name)).expect("open"));
+    let prompt = Reference::open(name).ids("tokens");
+    let v = model.cfg.vocab_size;
+    let mut g = CudaModel::new(
+        model.clone(),
+        CudaOptions {
+            context: 256,
+            gpu_memory_budget: Some(1 << 30),
+            ..Default::default()
+        },
+    )
+    .expect("cuda model");
+    // The prompt, then six greedy tokens through the decode graph: every row of logits.
+    let run = |g: &mut CudaModel, st: &mut SeqState, tokens: &[u32]| -> Vec<f32> {
+        let mut all = g
+            .forward(st, tokens, Logits::All)
+            .expect("prefill")
+            .to_vec();
+        for _ in 0..6 {
+            let next = argmax(&all[all.len() - v..]);
+            let l = g.forward(st, &[next], Logits::Last).expect("decode");
+            all.extend_from_slice(l);
+        }
+        all
+    };
+    let want = run(&mut g, &mut model.new_state(), &prompt);
+    let mut st = g.new_state(0);
+    assert!(st.device.is_some(), "a new state starts on the GPU");
+    assert!(
+        run(&mut g, &mut st, &prompt) == want,
+        "a new state on the GPU"
+    );
+    drop(st);
+    let used = g.gpu.used();
+    let mut st = g.new_state(0);
+    assert_eq!(
+        g.gpu.used(),
+        used,
+        "the ended sequence's buffers are taken back"
+    );
+    assert!(
+        run(&mut g, &mut st, &prompt) == want,
+        "kept buffers are cleared"
+    );
+
+    // A copy into kept buffers continues as its original.
+    let mut a = g.new_state(0);
+    g.forward(&mut a, &prompt, Logits::Last).expect("prefill");
+    drop(st);
+    let used = g.gpu.used();
+    let mut b = a.clone();
+    assert_eq!(g.gpu.used(), used, "the copy went into the kept buffers");
+    let (ra, rb) = (run(&mut g, &mut a, &[7, 8]), run(&mut g, &mut b, &[7, 8]));
+    assert!(ra == rb, "the copy continues as its original");
+
+    // Kept buffers give way: an allocation past what the budget leaves them succeeds.
+    drop(b);
+    let over = (g.gpu.budget - g.gpu.used() + 1) as usize;
+    let big = g
+        .gpu
+        .alloc(over, "a test's buffer")
+        .expect("kept buffers let go");
+    let host = g.new_state(0);
+    assert!(
+        host.device.is_none(),
+        "no room: a new state starts on the host"
+    );
+    drop(big);
+    let mut host = host;
+    assert!(
+        run(&mut g, &mut host, &prompt) == want,
+        "a host state uploaded"
+    );
+}
