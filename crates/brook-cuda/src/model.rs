@@ -119,6 +119,8 @@ pub struct CudaModel {
     pub prefill_tc: bool,
     /// Ended sequences' states, kept for the next ones (state.rs).
     pub(crate) spares: Arc<std::sync::Mutex<crate::state::Spares>>,
+    /// Names this engine's scratch as decode graphs captured it: a new one whenever a buffer
+    /// they use is replaced.
     id: u64,
 }
 
@@ -334,6 +336,9 @@ impl CudaModel {
         };
         if self.s.logits.bytes < rows * v * 4 {
             self.s.logits = self.gpu.alloc(rows * v * 4, "logits")?;
+            // Decode graphs captured before wrote the old buffer: a new id has every state
+            // capture its graph again (states kept for reuse hold theirs across sequences).
+            self.id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         if !graphed {
             let x = self.s.normed.ptr + ((t - rows) * h * 4) as u64;

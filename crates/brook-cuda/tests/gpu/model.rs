@@ -421,3 +421,42 @@ fn ended_sequences_states_are_reused_cleared_and_give_way() {
         "a host state uploaded"
     );
 }
+
+/// A sequence's decode graph, captured over the engine's logits buffer, is captured again
+/// once another call's rows of logits have replaced that buffer with a larger one: the
+/// sequence goes on as its copy (whose graph is captured after) does.
+#[test]
+fn decode_graphs_follow_a_replaced_logits_buffer() {
+    use brook_core::engine::Engine;
+    if gpu().is_none() {
+        return;
+    }
+    let name = MODELS[0];
+    let model = Arc::new(Model::open(&fixture(name)).expect("open"));
+    let prompt = Reference::open(name).ids("tokens");
+    let mut g = cuda(&model, None, 64);
+    let mut a = g.new_state(0);
+    g.forward(&mut a, &prompt, Logits::Last).expect("prefill");
+    let mut b = a.clone();
+    let first = g
+        .forward(&mut a, &[7], Logits::Last)
+        .expect("decode")
+        .to_vec();
+    // Every row of another prompt: the logits buffer grows (a new allocation).
+    let mut c = g.new_state(0);
+    let rows = g.forward(&mut c, &prompt, Logits::All).expect("all rows");
+    assert_eq!(rows.len(), prompt.len() * model.cfg.vocab_size);
+    let went_on = g
+        .forward(&mut a, &[8], Logits::Last)
+        .expect("decode")
+        .to_vec();
+    assert!(
+        g.forward(&mut b, &[7], Logits::Last).expect("copy") == first,
+        "the copy's first token"
+    );
+    let copy = g
+        .forward(&mut b, &[8], Logits::Last)
+        .expect("copy")
+        .to_vec();
+    assert!(went_on == copy, "a graph over the old buffer was replayed");
+}
