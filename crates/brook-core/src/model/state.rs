@@ -173,6 +173,23 @@ impl PartialEq for SeqState {
     }
 }
 
+/// `cfg`'s layers with each DeltaNet layer's conv and recurrent states from `recurrent(len)`
+/// and each attention layer's caches empty.
+fn layers_of(cfg: &ModelConfig, recurrent: impl Fn(usize) -> Vec<f32>) -> Vec<LayerState> {
+    (cfg.layer_types.iter())
+        .map(|k| match k {
+            LayerKind::Linear => LayerState::Linear {
+                conv: recurrent(cfg.conv_state_len()),
+                ssm: recurrent(cfg.ssm_state_len()),
+            },
+            LayerKind::Full => LayerState::Full {
+                keys: Vec::new(),
+                values: Vec::new(),
+            },
+        })
+        .collect()
+}
+
 /// `n` zeros with every page already written. A large zeroed vector is a mapping of the
 /// shared zero page; the recurrent states are read before they are written, so each of their
 /// pages would otherwise fault twice during the first token (a read maps the zero page, the
@@ -201,23 +218,9 @@ impl SeqState {
 
     /// A fresh sequence.
     pub fn new(cfg: &ModelConfig) -> Self {
-        let layers = cfg
-            .layer_types
-            .iter()
-            .map(|k| match k {
-                LayerKind::Linear => LayerState::Linear {
-                    conv: written_zeros(cfg.conv_state_len()),
-                    ssm: written_zeros(cfg.ssm_state_len()),
-                },
-                LayerKind::Full => LayerState::Full {
-                    keys: Vec::new(),
-                    values: Vec::new(),
-                },
-            })
-            .collect();
         SeqState {
             pos: 0,
-            layers,
+            layers: layers_of(cfg, written_zeros),
             device: None,
         }
     }
@@ -225,21 +228,9 @@ impl SeqState {
     /// A fresh sequence whose (cleared) state `device` holds: the host layers are only the
     /// layout, as in any device-held state, so nothing is written on the host.
     pub fn held(cfg: &ModelConfig, device: Box<dyn DeviceState>) -> Self {
-        let layers = (cfg.layer_types.iter())
-            .map(|k| match k {
-                LayerKind::Linear => LayerState::Linear {
-                    conv: Vec::new(),
-                    ssm: Vec::new(),
-                },
-                LayerKind::Full => LayerState::Full {
-                    keys: Vec::new(),
-                    values: Vec::new(),
-                },
-            })
-            .collect();
         SeqState {
             pos: 0,
-            layers,
+            layers: layers_of(cfg, |_| Vec::new()),
             device: Some(device),
         }
     }
