@@ -1,6 +1,6 @@
 //! Sequence states in GPU memory ([`DeviceSeq`]): what the CUDA engine keeps inside a
 //! `SeqState` while it holds it, with the captured decode graph that runs over its buffers,
-//! and the ended sequences' states kept for the next ones ([`Spares`]).
+//! and the ended sequences' states kept for the next ones (`Spares`).
 
 use std::sync::{Arc, Mutex, Weak};
 
