@@ -350,6 +350,10 @@ pub(super) unsafe fn nibbles(at: *const u8, half: bool) -> (__m256i, __m256i) {
 /// `p`: whole 64-byte lines (two chunks) of every row, each row's line `ahead` bytes on
 /// prefetched first (the next rows' same line: the hardware prefetchers lose rows read side
 /// by side; a hint, it may pass the matrix), then the chunks left and a last half chunk.
+/// The prefetch goes to L2 (`_MM_HINT_T1`): on a Zen 4 host at 31 GB/s, AVX2 `fast` decode
+/// of the resident 35B went 9.1-9.6 → 13.6-14.0 tok/s against L1 (docs/bench/2026-12-08.md);
+/// a Zen 3 sitting had measured L2 4-7 % slower (docs/bench/2026-12-07.md), to be measured
+/// again there.
 #[inline(always)]
 pub(super) fn walk_segment<const R: usize>(
     p: [*const u8; R],
@@ -361,7 +365,7 @@ pub(super) fn walk_segment<const R: usize>(
     for l in 0..lines {
         for pi in p {
             // SAFETY: a prefetch has no memory effects, wherever it points.
-            unsafe { _mm_prefetch::<_MM_HINT_T0>(pi.wrapping_add(l * 64 + ahead) as *const i8) };
+            unsafe { _mm_prefetch::<_MM_HINT_T1>(pi.wrapping_add(l * 64 + ahead) as *const i8) };
         }
         step(2 * l, false);
         step(2 * l + 1, false);
