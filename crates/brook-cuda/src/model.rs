@@ -124,7 +124,11 @@ pub struct CudaModel {
     id: u64,
 }
 
-static NEXT_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+/// An id no engine's scratch has had ([`CudaModel`]'s `id`).
+fn fresh_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
 
 impl CudaModel {
     /// Uploads the dense core, sizes the expert slots from the GPU budget (every expert
@@ -259,7 +263,7 @@ impl CudaModel {
             prefetched: false,
             prefill_tc: crate::switches::prefill_tc(),
             spares,
-            id: NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: fresh_id(),
         };
         if opts.max_seqs > 1 {
             m.batch = Some(crate::batch::BatchBufs::new(&m, opts.max_seqs)?);
@@ -338,7 +342,7 @@ impl CudaModel {
             self.s.logits = self.gpu.alloc(rows * v * 4, "logits")?;
             // Decode graphs captured before wrote the old buffer: a new id has every state
             // capture its graph again (states kept for reuse hold theirs across sequences).
-            self.id = NEXT_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            self.id = fresh_id();
         }
         if !graphed {
             let x = self.s.normed.ptr + ((t - rows) * h * 4) as u64;
